@@ -1,0 +1,30 @@
+//! The wire protocol shared by kas and agentk.
+//!
+//! - [`kas`]: the public API of the routing specification (`KasApi`, `KasInternal`, ...).
+//! - [`tunnel`]: the agent-facing service (`AgentTunnel`) and the frame-order state machine.
+//! - [`get_pods`]: the agentk half of GetPods, served through a tunnel.
+//! - [`ids`]: newtypes for the ids that travel everywhere.
+
+pub mod ids;
+pub mod metadata;
+pub mod tunnel;
+
+/// Generated code for `kas.v1`.
+pub mod kas {
+    #![allow(missing_docs, clippy::all, clippy::pedantic)]
+    tonic::include_proto!("kas.v1");
+}
+
+/// Generated code for `kas.get_pods.v1`.
+pub mod get_pods {
+    #![allow(missing_docs, clippy::all, clippy::pedantic)]
+    include!(concat!(env!("OUT_DIR"), "/features/kas.get_pods.v1.rs"));
+
+    /// Tunnel method name of the agentk half of GetPods.
+    pub const METHOD: &str = "/kas.get_pods.v1.GetPodsAgent/GetPods";
+}
+
+/// The encoded `FileDescriptorSet` of every .proto file, for reflection-style tooling and tests.
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kas_descriptor.bin"));
+
+pub use ids::{AgentId, ConnectionId, ProjectId};

@@ -1,0 +1,65 @@
+//! Metadata keys and conversions between tonic metadata and tunnel metadata maps.
+
+use std::collections::HashMap;
+
+use crate::tunnel::pb::MetadataValues;
+
+/// The metadata key carrying `Bearer <token>` on every listener.
+pub const AUTHORIZATION: &str = "authorization";
+
+/// Caller metadata that kas forwards to agentk. Everything else (routing metadata, the caller's
+/// credentials, transport headers) stays in kas.
+pub const FORWARDED_METADATA: &[&str] = &["x-request-id", "user-agent"];
+
+/// Extracts `<token>` from `Bearer <token>`; `None` when absent or not a Bearer value.
+pub fn bearer_token(value: Option<&str>) -> Option<&str> {
+    let v = value?.trim();
+    let (scheme, token) = v.split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return None;
+    }
+    let token = token.trim();
+    (!token.is_empty()).then_some(token)
+}
+
+/// Copies the whitelisted ASCII metadata into a tunnel metadata map.
+pub fn forwarded(md: &tonic::metadata::MetadataMap) -> HashMap<String, MetadataValues> {
+    let mut out = HashMap::new();
+    for key in FORWARDED_METADATA {
+        let values: Vec<String> = md
+            .get_all(*key)
+            .iter()
+            .filter_map(|v| v.to_str().ok().map(str::to_owned))
+            .collect();
+        if !values.is_empty() {
+            out.insert((*key).to_owned(), MetadataValues { values });
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_parsing() {
+        assert_eq!(bearer_token(Some("Bearer abc")), Some("abc"));
+        assert_eq!(bearer_token(Some("bearer  abc ")), Some("abc"));
+        assert_eq!(bearer_token(Some("Basic abc")), None);
+        assert_eq!(bearer_token(Some("Bearer ")), None);
+        assert_eq!(bearer_token(Some("Bearer")), None);
+        assert_eq!(bearer_token(None), None);
+    }
+
+    #[test]
+    fn only_whitelisted_metadata_is_forwarded() {
+        let mut md = tonic::metadata::MetadataMap::new();
+        md.insert("authorization", "Bearer secret".parse().unwrap());
+        md.insert("kas-hop-count", "1".parse().unwrap());
+        md.insert("x-request-id", "r1".parse().unwrap());
+        let f = forwarded(&md);
+        assert_eq!(f.len(), 1);
+        assert_eq!(f["x-request-id"].values, vec!["r1".to_owned()]);
+    }
+}

@@ -1,0 +1,343 @@
+//! The reverse tunnel: generated types and the frame-order state machine.
+//!
+//! One tunnel (one `Connect` stream) carries exactly one request:
+//!
+//! ```text
+//! agentk -> kas:  Descriptor  ...............  Header  Message*  (Trailer | Error)
+//! kas -> agentk:               RequestInfo  Message*  CloseSend
+//! ```
+//!
+//! kas may only send `RequestInfo` after the `Descriptor`; agentk may only answer after
+//! `RequestInfo`; `Error` may replace the header or end the body. Both sides feed every frame they
+//! send and receive through one [`FrameOrder`], so a violation is detected the same way on both
+//! ends and becomes `INVALID_ARGUMENT` for that tunnel, never a panic.
+
+use std::fmt;
+
+/// Generated code for `kas.tunnel.v1`.
+pub mod pb {
+    #![allow(missing_docs, clippy::all, clippy::pedantic)]
+    tonic::include_proto!("kas.tunnel.v1");
+}
+
+use pb::{connect_request, connect_response};
+
+/// Frames kas sends to agentk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RequestFrame {
+    RequestInfo,
+    Message,
+    CloseSend,
+}
+
+/// Frames agentk sends to kas.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResponseFrame {
+    Descriptor,
+    Header,
+    Message,
+    Trailer,
+    Error,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+enum RequestState {
+    #[default]
+    AwaitInfo,
+    Body,
+    Closed,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+enum ResponseState {
+    #[default]
+    AwaitDescriptor,
+    Idle,
+    AwaitHeader,
+    Body,
+    Done,
+}
+
+impl ResponseState {
+    fn describe(self) -> &'static str {
+        match self {
+            Self::AwaitDescriptor => "before the Descriptor",
+            Self::Idle => "before the request was sent",
+            Self::AwaitHeader => "before the Header",
+            Self::Body => "after the Header",
+            Self::Done => "after the response ended",
+        }
+    }
+}
+
+impl RequestState {
+    fn describe(self) -> &'static str {
+        match self {
+            Self::AwaitInfo => "before RequestInfo",
+            Self::Body => "after RequestInfo",
+            Self::Closed => "after CloseSend",
+        }
+    }
+}
+
+/// A frame that arrived (or was about to be sent) out of order.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("tunnel protocol violation: unexpected {frame} frame {state}")]
+pub struct FrameOrderError {
+    pub frame: &'static str,
+    pub state: &'static str,
+}
+
+impl From<FrameOrderError> for tonic::Status {
+    fn from(e: FrameOrderError) -> Self {
+        tonic::Status::invalid_argument(e.to_string())
+    }
+}
+
+/// The frame order of one tunnel, in both directions.
+#[derive(Debug, Default, Clone)]
+pub struct FrameOrder {
+    request: RequestState,
+    response: ResponseState,
+}
+
+impl FrameOrder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records a kas -> agentk frame.
+    pub fn request(&mut self, frame: RequestFrame) -> Result<(), FrameOrderError> {
+        use RequestFrame as F;
+        use RequestState as S;
+        let next = match (self.request, frame) {
+            (S::AwaitInfo, F::RequestInfo) if self.response == ResponseState::Idle => {
+                self.response = ResponseState::AwaitHeader;
+                S::Body
+            }
+            (S::AwaitInfo, F::RequestInfo) => {
+                return Err(FrameOrderError { frame: "RequestInfo", state: self.response.describe() });
+            }
+            (S::Body, F::Message) => S::Body,
+            (S::Body, F::CloseSend) => S::Closed,
+            (state, frame) => {
+                return Err(FrameOrderError { frame: request_name(frame), state: state.describe() });
+            }
+        };
+        self.request = next;
+        Ok(())
+    }
+
+    /// Records an agentk -> kas frame.
+    pub fn response(&mut self, frame: ResponseFrame) -> Result<(), FrameOrderError> {
+        use ResponseFrame as F;
+        use ResponseState as S;
+        let next = match (self.response, frame) {
+            (S::AwaitDescriptor, F::Descriptor) => S::Idle,
+            (S::AwaitHeader, F::Header) => S::Body,
+            (S::Body, F::Message) => S::Body,
+            (S::Body, F::Trailer) => S::Done,
+            (S::AwaitHeader | S::Body, F::Error) => S::Done,
+            (state, frame) => {
+                return Err(FrameOrderError { frame: response_name(frame), state: state.describe() });
+            }
+        };
+        self.response = next;
+        Ok(())
+    }
+
+    /// The Descriptor has been seen and no request has been sent yet.
+    pub fn is_idle(&self) -> bool {
+        self.response == ResponseState::Idle
+    }
+
+    /// The response has ended (Trailer or Error).
+    pub fn is_done(&self) -> bool {
+        self.response == ResponseState::Done
+    }
+}
+
+fn request_name(f: RequestFrame) -> &'static str {
+    match f {
+        RequestFrame::RequestInfo => "RequestInfo",
+        RequestFrame::Message => "Message",
+        RequestFrame::CloseSend => "CloseSend",
+    }
+}
+
+fn response_name(f: ResponseFrame) -> &'static str {
+    match f {
+        ResponseFrame::Descriptor => "Descriptor",
+        ResponseFrame::Header => "Header",
+        ResponseFrame::Message => "Message",
+        ResponseFrame::Trailer => "Trailer",
+        ResponseFrame::Error => "Error",
+    }
+}
+
+impl pb::ConnectRequest {
+    /// The frame kind, or an error for a frame with no content.
+    pub fn kind(&self) -> Result<ResponseFrame, FrameOrderError> {
+        use connect_request::Msg;
+        match &self.msg {
+            Some(Msg::Descriptor(_)) => Ok(ResponseFrame::Descriptor),
+            Some(Msg::Header(_)) => Ok(ResponseFrame::Header),
+            Some(Msg::Message(_)) => Ok(ResponseFrame::Message),
+            Some(Msg::Trailer(_)) => Ok(ResponseFrame::Trailer),
+            Some(Msg::Error(_)) => Ok(ResponseFrame::Error),
+            None => Err(FrameOrderError { frame: "empty", state: "(frames must carry a message)" }),
+        }
+    }
+
+    pub fn descriptor(d: pb::Descriptor) -> Self {
+        Self { msg: Some(connect_request::Msg::Descriptor(d)) }
+    }
+    pub fn header(h: pb::Header) -> Self {
+        Self { msg: Some(connect_request::Msg::Header(h)) }
+    }
+    pub fn message(data: bytes::Bytes) -> Self {
+        Self { msg: Some(connect_request::Msg::Message(pb::Message { data })) }
+    }
+    pub fn trailer(t: pb::Trailer) -> Self {
+        Self { msg: Some(connect_request::Msg::Trailer(t)) }
+    }
+    pub fn error(status: &tonic::Status) -> Self {
+        Self {
+            msg: Some(connect_request::Msg::Error(pb::Error {
+                code: status.code() as i32,
+                message: status.message().to_owned(),
+            })),
+        }
+    }
+}
+
+impl pb::ConnectResponse {
+    /// The frame kind, or an error for a frame with no content.
+    pub fn kind(&self) -> Result<RequestFrame, FrameOrderError> {
+        use connect_response::Msg;
+        match &self.msg {
+            Some(Msg::RequestInfo(_)) => Ok(RequestFrame::RequestInfo),
+            Some(Msg::Message(_)) => Ok(RequestFrame::Message),
+            Some(Msg::CloseSend(_)) => Ok(RequestFrame::CloseSend),
+            None => Err(FrameOrderError { frame: "empty", state: "(frames must carry a message)" }),
+        }
+    }
+
+    pub fn request_info(info: pb::RequestInfo) -> Self {
+        Self { msg: Some(connect_response::Msg::RequestInfo(info)) }
+    }
+    pub fn message(data: bytes::Bytes) -> Self {
+        Self { msg: Some(connect_response::Msg::Message(pb::Message { data })) }
+    }
+    pub fn close_send() -> Self {
+        Self { msg: Some(connect_response::Msg::CloseSend(pb::CloseSend {})) }
+    }
+}
+
+impl From<pb::Error> for tonic::Status {
+    fn from(e: pb::Error) -> Self {
+        tonic::Status::new(tonic::Code::from_i32(e.code), e.message)
+    }
+}
+
+impl fmt::Display for RequestFrame {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(request_name(*self))
+    }
+}
+
+impl fmt::Display for ResponseFrame {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(response_name(*self))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RequestFrame as Q;
+    use super::ResponseFrame as R;
+    use super::*;
+
+    fn idle() -> FrameOrder {
+        let mut o = FrameOrder::new();
+        o.response(R::Descriptor).unwrap();
+        o
+    }
+
+    #[test]
+    fn full_exchange_is_accepted() {
+        let mut o = idle();
+        assert!(o.is_idle());
+        o.request(Q::RequestInfo).unwrap();
+        o.request(Q::Message).unwrap();
+        o.response(R::Header).unwrap();
+        o.request(Q::Message).unwrap();
+        o.response(R::Message).unwrap();
+        o.request(Q::CloseSend).unwrap();
+        o.response(R::Message).unwrap();
+        o.response(R::Trailer).unwrap();
+        assert!(o.is_done());
+    }
+
+    #[test]
+    fn error_may_replace_header_or_end_body() {
+        let mut o = idle();
+        o.request(Q::RequestInfo).unwrap();
+        o.response(R::Error).unwrap();
+        assert!(o.is_done());
+
+        let mut o = idle();
+        o.request(Q::RequestInfo).unwrap();
+        o.response(R::Header).unwrap();
+        o.response(R::Message).unwrap();
+        o.response(R::Error).unwrap();
+        assert!(o.is_done());
+    }
+
+    #[test]
+    fn violations_are_reported() {
+        // Anything but a Descriptor first.
+        for f in [R::Header, R::Message, R::Trailer, R::Error] {
+            let err = FrameOrder::new().response(f).unwrap_err();
+            assert_eq!(err.state, "before the Descriptor");
+        }
+        // A second Descriptor.
+        assert!(idle().response(R::Descriptor).is_err());
+        // A response before the request.
+        assert!(idle().response(R::Header).is_err());
+        // A request before the Descriptor.
+        assert!(FrameOrder::new().request(Q::RequestInfo).is_err());
+        // Body before the Header.
+        let mut o = idle();
+        o.request(Q::RequestInfo).unwrap();
+        let err = o.response(R::Message).unwrap_err();
+        assert_eq!(err.to_string(), "tunnel protocol violation: unexpected Message frame before the Header");
+        // Anything after the Trailer.
+        let mut o = idle();
+        o.request(Q::RequestInfo).unwrap();
+        o.response(R::Header).unwrap();
+        o.response(R::Trailer).unwrap();
+        for f in [R::Header, R::Message, R::Trailer, R::Error, R::Descriptor] {
+            assert!(o.clone().response(f).is_err());
+        }
+        // Request frames after CloseSend, and a second RequestInfo.
+        let mut o = idle();
+        o.request(Q::RequestInfo).unwrap();
+        assert!(o.clone().request(Q::RequestInfo).is_err());
+        o.request(Q::CloseSend).unwrap();
+        assert!(o.clone().request(Q::Message).is_err());
+        assert!(o.request(Q::CloseSend).is_err());
+    }
+
+    #[test]
+    fn empty_frames_are_rejected() {
+        assert!(pb::ConnectRequest { msg: None }.kind().is_err());
+        assert!(pb::ConnectResponse { msg: None }.kind().is_err());
+    }
+
+    #[test]
+    fn violation_maps_to_invalid_argument() {
+        let s: tonic::Status = FrameOrder::new().response(R::Header).unwrap_err().into();
+        assert_eq!(s.code(), tonic::Code::InvalidArgument);
+    }
+}
