@@ -1,1 +1,166 @@
-fn main(){}
+//! The `kas` binary: parse flags, set up logging, run the library `App`.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use kas::auth::agent_token::{StaticAgent, StaticAgentsFile, generate_agent_token, token_sha256_hex};
+use kas::auth::{Secret, mint_jwt};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser)]
+#[command(name = "kas", version, about = "kas: routes requests to Kubernetes agents (agentk) over reverse tunnels")]
+struct Cli {
+    /// YAML config file. Without it kas runs standalone with generated dev secrets.
+    #[arg(long, env = "KAS_CONFIG")]
+    config: Option<PathBuf>,
+    /// Where standalone mode keeps its generated secrets and agents file.
+    #[arg(long, env = "KAS_DEV_DIR", default_value = ".kas-dev")]
+    dev_dir: PathBuf,
+    /// Log filter, e.g. `info` or `kas=debug`.
+    #[arg(long, env = "KAS_LOG", default_value = "info")]
+    log: String,
+    /// Log format: `json` or `text` (default: text on a terminal, json otherwise).
+    #[arg(long, env = "KAS_LOG_FORMAT")]
+    log_format: Option<LogFormat>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Json,
+    Text,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print a JWT signed with a secret file (GitLab-style by default), for curl/grpcurl.
+    MintJwt {
+        #[arg(long)]
+        secret_file: PathBuf,
+        #[arg(long, default_value = "gitlab")]
+        issuer: String,
+        #[arg(long, default_value = "gitlab-kas")]
+        audience: String,
+        #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+        ttl: Duration,
+    },
+    /// Add an agent to a static agents file and print (or write) its new token.
+    AddAgent {
+        #[arg(long)]
+        agents_file: PathBuf,
+        #[arg(long)]
+        id: i64,
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        project_id: i64,
+        /// Write the token to this file (0600) instead of printing it.
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+    },
+}
+
+fn init_logging(filter: &str, format: Option<LogFormat>) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter).context("invalid --log filter")?;
+    let json = match format {
+        Some(LogFormat::Json) => true,
+        Some(LogFormat::Text) => false,
+        None => !std::io::stderr().is_terminal(),
+    };
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if json { builder.json().init() } else { builder.init() }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Command::MintJwt { secret_file, issuer, audience, ttl }) => {
+            let secret = Secret::from_file(&secret_file)?;
+            println!("{}", mint_jwt(&secret, &issuer, &audience, ttl)?);
+            Ok(())
+        }
+        Some(Command::AddAgent { agents_file, id, name, project_id, token_file }) => {
+            add_agent(agents_file, id, name, project_id, token_file)
+        }
+        None => run(cli.config, cli.dev_dir, &cli.log, cli.log_format).await,
+    }
+}
+
+async fn run(config: Option<PathBuf>, dev_dir: PathBuf, log: &str, format: Option<LogFormat>) -> anyhow::Result<()> {
+    init_logging(log, format)?;
+    let (config, dev) = match config {
+        Some(path) => (kas::Config::load(&path)?, None),
+        None => {
+            let dev = kas::standalone::ensure_dev_setup(&dev_dir)?;
+            (dev.config.clone(), Some(dev))
+        }
+    };
+    let bound = kas::App::new(config).bind().await?;
+    if let Some(dev) = dev {
+        let a = bound.addresses();
+        eprintln!("\n{}", dev.instructions(&a.agent.to_string(), &a.api.to_string()));
+    }
+    let shutdown = CancellationToken::new();
+    tokio::spawn(signal_shutdown(shutdown.clone()));
+    bound.serve(shutdown).await?;
+    Ok(())
+}
+
+async fn signal_shutdown(token: CancellationToken) {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot listen for SIGTERM");
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    token.cancel();
+}
+
+fn add_agent(
+    agents_file: PathBuf,
+    id: i64,
+    name: String,
+    project_id: i64,
+    token_file: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    let mut file =
+        if agents_file.exists() { StaticAgentsFile::load(&agents_file)? } else { StaticAgentsFile::default() };
+    if file.agents.iter().any(|a| a.id == id) {
+        anyhow::bail!("agent id {id} is already in {}", agents_file.display());
+    }
+    let token = generate_agent_token();
+    file.agents.push(StaticAgent { id, name, project_id, token_sha256: token_sha256_hex(&token), configuration: None });
+    // Validate the result the way kas will load it before writing anything.
+    let tmp = agents_file.with_extension("yaml.tmp");
+    file.save(&tmp)?;
+    StaticAgentsFile::load(&tmp)?;
+    std::fs::rename(&tmp, &agents_file).context("replacing the agents file")?;
+    match token_file {
+        Some(path) => {
+            use std::io::Write;
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&path)
+                .with_context(|| format!("writing {}", path.display()))?;
+            writeln!(f, "{token}")?;
+            eprintln!("agent {id} added; token written to {}", path.display());
+        }
+        None => println!("{token}"),
+    }
+    Ok(())
+}

@@ -1,0 +1,255 @@
+//! The only wiring file: `App::bind` binds every listener, `Bound::serve` runs until shutdown.
+//! Tests drive kas through exactly this path.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kas_proto::kas::KasAddress;
+use kas_proto::kas::kas_api_server::KasApiServer;
+use kas_proto::kas::kas_internal_server::KasInternalServer;
+use kas_proto::tunnel::pb::agent_tunnel_server::AgentTunnelServer;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
+
+use crate::auth::{JwtVerifier, Secret, StaticAgents, TokenVerifier};
+use crate::config::{Config, ConfigError};
+use crate::modules::configuration::ConfigurationSource;
+use crate::registry::{AgentRegistry, MemoryRegistry};
+use crate::router::Router;
+use crate::server::agent::AgentService;
+use crate::server::api::{ApiService, jwt_interceptor};
+use crate::server::internal::InternalService;
+use crate::tunnel::{TunnelRegistry, TunnelStats};
+
+/// agentk pings are answered by the transport; kas pings too so a dead agent is noticed in
+/// seconds, not when TCP gives up.
+const AGENT_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
+const AGENT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// After the grace period the agent listener gets this long to close its streams.
+const AGENT_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Secret(#[from] crate::auth::secret::SecretError),
+    #[error(transparent)]
+    Agents(#[from] crate::auth::agent_token::StaticAgentsError),
+    #[error("cannot bind the {listener} listener on {address}: {source}")]
+    Bind { listener: &'static str, address: SocketAddr, source: std::io::Error },
+    #[error("the {listener} listener failed: {source}")]
+    Serve { listener: &'static str, source: tonic::transport::Error },
+}
+
+/// kas before binding: configuration plus optional injected dependencies.
+pub struct App {
+    config: Config,
+    registry: Option<Arc<dyn AgentRegistry>>,
+}
+
+/// kas with its listeners bound (addresses known), not yet serving.
+pub struct Bound {
+    config: Config,
+    agent: TcpListener,
+    api: TcpListener,
+    internal: TcpListener,
+    addresses: Addresses,
+    gitlab_secret: Secret,
+    internal_secret: Secret,
+    agents: Arc<StaticAgents>,
+    registry: Arc<dyn AgentRegistry>,
+    tunnels_handle: Arc<std::sync::OnceLock<TunnelRegistry>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Addresses {
+    pub agent: SocketAddr,
+    pub api: SocketAddr,
+    pub internal: SocketAddr,
+}
+
+/// Read-only access to a serving kas, for tests and health checks.
+#[derive(Clone)]
+pub struct Handle {
+    tunnels: Arc<std::sync::OnceLock<TunnelRegistry>>,
+}
+
+impl Handle {
+    /// Counts of local connections, idle tunnels and parked requests (None before serving).
+    pub async fn tunnel_stats(&self) -> Option<TunnelStats> {
+        self.tunnels.get()?.stats().await.ok()
+    }
+}
+
+impl App {
+    pub fn new(config: Config) -> Self {
+        Self { config, registry: None }
+    }
+
+    /// Uses this registry instead of a new in-memory one (several kas sharing a store in tests).
+    pub fn with_registry(mut self, registry: Arc<dyn AgentRegistry>) -> Self {
+        self.registry = Some(registry);
+        self
+    }
+
+    pub async fn bind(self) -> Result<Bound, AppError> {
+        let config = self.config;
+        config.validate()?;
+        let required = |p: &Option<std::path::PathBuf>| p.clone().unwrap_or_default();
+        let gitlab_secret = Secret::from_file(&required(&config.gitlab.authentication_secret_file))?;
+        let internal_secret = Secret::from_file(&required(&config.kas_internal.authentication_secret_file))?;
+        let agents = Arc::new(StaticAgents::from_file(&required(&config.agents.static_file))?);
+        let registry = self.registry.unwrap_or_else(|| Arc::new(MemoryRegistry::new(config.registry.ttl)));
+
+        async fn bind(listener: &'static str, address: SocketAddr) -> Result<TcpListener, AppError> {
+            TcpListener::bind(address).await.map_err(|source| AppError::Bind { listener, address, source })
+        }
+        let agent = bind("agent", Config::listener_address(&config.listeners.agent)).await?;
+        let api = bind("api", Config::listener_address(&config.listeners.api)).await?;
+        let internal = bind("internal", Config::listener_address(&config.listeners.internal)).await?;
+        let local = |l: &TcpListener, name: &'static str| {
+            l.local_addr().map_err(|source| AppError::Bind { listener: name, address: SocketAddr::from(([0, 0, 0, 0], 0)), source })
+        };
+        let addresses =
+            Addresses { agent: local(&agent, "agent")?, api: local(&api, "api")?, internal: local(&internal, "internal")? };
+        Ok(Bound {
+            config,
+            agent,
+            api,
+            internal,
+            addresses,
+            gitlab_secret,
+            internal_secret,
+            agents,
+            registry,
+            tunnels_handle: Arc::default(),
+        })
+    }
+}
+
+fn spawn_server(
+    listener: &'static str,
+    server: impl Future<Output = Result<(), tonic::transport::Error>> + Send + 'static,
+) -> JoinHandle<Result<(), AppError>> {
+    tokio::spawn(async move { server.await.map_err(|source| AppError::Serve { listener, source }) })
+}
+
+impl Bound {
+    pub fn addresses(&self) -> Addresses {
+        self.addresses
+    }
+
+    pub fn handle(&self) -> Handle {
+        Handle { tunnels: self.tunnels_handle.clone() }
+    }
+
+    /// Serves until `shutdown` is cancelled, then drains: external listeners finish in-flight
+    /// requests within the grace period, agents are told to move, records are removed last.
+    pub async fn serve(self, shutdown: CancellationToken) -> Result<(), AppError> {
+        let Bound { config, agent, api, internal, addresses, gitlab_secret, internal_secret, agents, registry, tunnels_handle } =
+            self;
+        // Stops the tunnel registry and maintenance after the external listeners drained.
+        let background = CancellationToken::new();
+        let tunnels = TunnelRegistry::spawn(background.clone());
+        let _ = tunnels_handle.set(tunnels.clone());
+        let router = Router::new(tunnels.clone(), registry.clone(), config.routing.max_wait);
+        let verifier: Arc<dyn TokenVerifier> = agents.clone();
+        let configurations: Arc<dyn ConfigurationSource> = agents;
+
+        let agent_service = AgentService {
+            verifier,
+            configurations,
+            registry: registry.clone(),
+            tunnels: tunnels.clone(),
+            kas_address: KasAddress { ip: addresses.internal.ip().to_string(), port: u32::from(addresses.internal.port()) },
+            shutdown: shutdown.clone(),
+        };
+        let incoming = |l: TcpListener| TcpIncoming::from(l).with_nodelay(Some(true));
+        let mut agent_task = spawn_server(
+            "agent",
+            Server::builder()
+                .http2_keepalive_interval(Some(AGENT_KEEPALIVE_INTERVAL))
+                .http2_keepalive_timeout(Some(AGENT_KEEPALIVE_TIMEOUT))
+                .add_service(AgentTunnelServer::new(agent_service))
+                .serve_with_incoming_shutdown(incoming(agent), shutdown.clone().cancelled_owned()),
+        );
+        let mut api_task = spawn_server(
+            "api",
+            Server::builder()
+                .add_service(KasApiServer::with_interceptor(
+                    ApiService { router: router.clone() },
+                    jwt_interceptor(JwtVerifier::gitlab(&gitlab_secret)),
+                ))
+                .serve_with_incoming_shutdown(incoming(api), shutdown.clone().cancelled_owned()),
+        );
+        let mut internal_task = spawn_server(
+            "internal",
+            Server::builder()
+                .add_service(KasInternalServer::with_interceptor(
+                    InternalService { router },
+                    jwt_interceptor(JwtVerifier::internal(&internal_secret)),
+                ))
+                .serve_with_incoming_shutdown(incoming(internal), shutdown.clone().cancelled_owned()),
+        );
+        let maintenance = tokio::spawn(maintain_registry(registry.clone(), config.registry.clone(), background.clone()));
+        tracing::info!(agent = %addresses.agent, api = %addresses.api, internal = %addresses.internal, version = crate::VERSION, "kas listening");
+
+        // Run until asked to stop, or until a listener fails on its own.
+        let early = tokio::select! {
+            () = shutdown.cancelled() => None,
+            r = &mut agent_task => Some(r),
+            r = &mut api_task => Some(r),
+            r = &mut internal_task => Some(r),
+        };
+        shutdown.cancel();
+        let grace = tokio::time::Instant::now() + config.shutdown.grace_period;
+        tracing::info!(grace_period = ?config.shutdown.grace_period, "shutting down: draining listeners");
+        for task in [&mut api_task, &mut internal_task] {
+            if !task.is_finished() && tokio::time::timeout_at(grace, &mut *task).await.is_err() {
+                tracing::warn!("grace period over: cancelling in-flight requests");
+                task.abort();
+            }
+        }
+        // Idle tunnels and parked requests end now, so the agent listener can close.
+        background.cancel();
+        if !agent_task.is_finished() && tokio::time::timeout(AGENT_DRAIN_TIMEOUT, &mut agent_task).await.is_err() {
+            agent_task.abort();
+        }
+        let _ = maintenance.await;
+        if let Err(e) = registry.remove_all_owned().await {
+            tracing::warn!(error = %e, "removing registry records on shutdown failed");
+        }
+        tracing::info!("kas stopped");
+        match early {
+            Some(Ok(Err(e))) => Err(e),
+            _ => Ok(()),
+        }
+    }
+}
+
+async fn maintain_registry(
+    registry: Arc<dyn AgentRegistry>,
+    config: crate::config::RegistryConfig,
+    stop: CancellationToken,
+) {
+    let mut refresh = tokio::time::interval(config.refresh_period);
+    let mut gc = tokio::time::interval(config.gc_period);
+    refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    gc.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = refresh.tick() => if let Err(e) = registry.refresh().await {
+                tracing::warn!(error = %e, "registry refresh failed");
+            },
+            _ = gc.tick() => if let Err(e) = registry.gc().await {
+                tracing::warn!(error = %e, "registry gc failed");
+            },
+        }
+    }
+}

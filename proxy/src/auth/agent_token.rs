@@ -1,0 +1,204 @@
+//! Agent token verification (agent listener). A trait so that the GitLab-backed verifier can
+//! replace the static one; the static backend reads a YAML file of agents.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use async_trait::async_trait;
+use kas_proto::{AgentId, ProjectId};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::error::KasError;
+use crate::modules::configuration::AgentConfigDocument;
+
+/// Who an agent token belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentIdentity {
+    pub agent_id: AgentId,
+    pub name: String,
+    /// The agent's configuration project.
+    pub project_id: ProjectId,
+}
+
+#[async_trait]
+pub trait TokenVerifier: Send + Sync + 'static {
+    /// Resolves a token to its agent, or `Unauthenticated`.
+    async fn verify(&self, token: &str) -> Result<AgentIdentity, KasError>;
+}
+
+/// One agent in the static agents file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StaticAgent {
+    pub id: i64,
+    pub name: String,
+    /// The agent's configuration project id.
+    pub project_id: i64,
+    /// Lower-case hex SHA-256 of the agent token. The token itself is never stored.
+    pub token_sha256: String,
+    /// The agent configuration sent to agentk; empty when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub configuration: Option<AgentConfigDocument>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StaticAgentsFile {
+    #[serde(default)]
+    pub agents: Vec<StaticAgent>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StaticAgentsError {
+    #[error("cannot read agents file {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("invalid agents file {path}: {message}")]
+    Invalid { path: String, message: String },
+    #[error("cannot write agents file {path}: {source}")]
+    Write { path: String, source: std::io::Error },
+}
+
+/// The static agents backend: token hashes and configurations from a YAML file.
+#[derive(Debug, Clone)]
+pub struct StaticAgents {
+    by_hash: HashMap<[u8; 32], AgentIdentity>,
+    configurations: HashMap<AgentId, AgentConfigDocument>,
+}
+
+pub fn token_sha256_hex(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+/// A new random agent token (URL-safe, 256 bits).
+pub fn generate_agent_token() -> String {
+    let bytes: [u8; 32] = rand::random();
+    format!("kas-agent-{}", hex::encode(bytes))
+}
+
+impl StaticAgentsFile {
+    pub fn load(path: &Path) -> Result<Self, StaticAgentsError> {
+        let p = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| StaticAgentsError::Read { path: p.clone(), source })?;
+        let file: Self =
+            serde_norway::from_str(&text).map_err(|e| StaticAgentsError::Invalid { path: p.clone(), message: e.to_string() })?;
+        file.validate().map_err(|message| StaticAgentsError::Invalid { path: p, message })?;
+        Ok(file)
+    }
+
+    pub fn save(&self, path: &Path) -> Result<(), StaticAgentsError> {
+        let text = serde_norway::to_string(self).map_err(|e| StaticAgentsError::Invalid {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        std::fs::write(path, text).map_err(|source| StaticAgentsError::Write { path: path.display().to_string(), source })
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let mut ids = std::collections::HashSet::new();
+        let mut hashes = std::collections::HashSet::new();
+        for (i, a) in self.agents.iter().enumerate() {
+            let at = format!("agents[{i}]");
+            if a.id <= 0 {
+                return Err(format!("{at}.id must be a positive integer, got {}", a.id));
+            }
+            if a.project_id <= 0 {
+                return Err(format!("{at}.project_id must be a positive integer, got {}", a.project_id));
+            }
+            if a.name.trim().is_empty() {
+                return Err(format!("{at}.name must not be empty"));
+            }
+            let hash = a.token_sha256.to_ascii_lowercase();
+            if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(format!("{at}.token_sha256 must be 64 hex characters (the SHA-256 of the token)"));
+            }
+            if !ids.insert(a.id) {
+                return Err(format!("{at}.id {} appears twice", a.id));
+            }
+            if !hashes.insert(hash) {
+                return Err(format!("{at}.token_sha256 is used by another agent"));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl StaticAgents {
+    pub fn from_file(path: &Path) -> Result<Self, StaticAgentsError> {
+        Ok(Self::new(StaticAgentsFile::load(path)?))
+    }
+
+    pub fn new(file: StaticAgentsFile) -> Self {
+        let mut by_hash = HashMap::new();
+        let mut configurations = HashMap::new();
+        for a in file.agents {
+            let mut hash = [0u8; 32];
+            if hex::decode_to_slice(a.token_sha256.to_ascii_lowercase(), &mut hash).is_err() {
+                continue; // validated on load; an in-code file with a bad hash matches nothing
+            }
+            let identity = AgentIdentity { agent_id: AgentId(a.id), name: a.name, project_id: ProjectId(a.project_id) };
+            if let Some(c) = a.configuration {
+                configurations.insert(identity.agent_id, c);
+            }
+            by_hash.insert(hash, identity);
+        }
+        Self { by_hash, configurations }
+    }
+
+    /// The configuration of an agent (empty when the file has none).
+    pub fn configuration(&self, agent_id: AgentId) -> AgentConfigDocument {
+        self.configurations.get(&agent_id).cloned().unwrap_or_default()
+    }
+}
+
+#[async_trait]
+impl TokenVerifier for StaticAgents {
+    async fn verify(&self, token: &str) -> Result<AgentIdentity, KasError> {
+        let hash: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        self.by_hash
+            .get(&hash)
+            .cloned()
+            .ok_or_else(|| KasError::Unauthenticated("invalid agent token".into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file_with(token: &str) -> StaticAgentsFile {
+        StaticAgentsFile {
+            agents: vec![StaticAgent {
+                id: 5,
+                name: "a".into(),
+                project_id: 9,
+                token_sha256: token_sha256_hex(token),
+                configuration: None,
+            }],
+        }
+    }
+
+    #[tokio::test]
+    async fn verifies_by_hash() {
+        let token = generate_agent_token();
+        let agents = StaticAgents::new(file_with(&token));
+        let id = agents.verify(&token).await.unwrap();
+        assert_eq!(id.agent_id, AgentId(5));
+        assert_eq!(id.project_id, ProjectId(9));
+        assert!(agents.verify("other").await.is_err());
+    }
+
+    #[test]
+    fn load_validates_with_clear_messages() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("agents.yaml");
+        std::fs::write(&p, "agents:\n  - id: 1\n    name: a\n    project_id: 1\n    token_sha256: abc\n").unwrap();
+        let e = StaticAgentsFile::load(&p).unwrap_err().to_string();
+        assert!(e.contains("agents[0].token_sha256 must be 64 hex"), "{e}");
+        std::fs::write(&p, "agents:\n  - id: 1\n    nme: a\n").unwrap();
+        let e = StaticAgentsFile::load(&p).unwrap_err().to_string();
+        assert!(e.contains("unknown field `nme`"), "{e}");
+        file_with("t").save(&p).unwrap();
+        assert_eq!(StaticAgentsFile::load(&p).unwrap(), file_with("t"));
+    }
+}

@@ -1,0 +1,258 @@
+//! kas configuration: a YAML file (`--config`), parsed strictly and validated.
+//! `config.example.yaml` at the crate root shows every option with its default.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::router::DEFAULT_MAX_WAIT;
+
+/// Default listener addresses: loopback, so a kas started without configuration exposes nothing.
+pub const DEFAULT_AGENT_ADDRESS: &str = "127.0.0.1:8150";
+pub const DEFAULT_API_ADDRESS: &str = "127.0.0.1:8153";
+pub const DEFAULT_INTERNAL_ADDRESS: &str = "127.0.0.1:8155";
+/// Records live this long without a refresh: long enough to survive a few missed refreshes.
+pub const DEFAULT_REGISTRY_TTL: Duration = Duration::from_secs(300);
+/// Refresh well inside the TTL.
+pub const DEFAULT_REGISTRY_REFRESH: Duration = Duration::from_secs(60);
+/// Stale records are rare (a refresh keeps them alive); sweeping every few minutes is enough.
+pub const DEFAULT_REGISTRY_GC: Duration = Duration::from_secs(300);
+/// In-flight requests get this long to finish after SIGTERM (Kubernetes' default grace is 30 s).
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub listeners: ListenersConfig,
+    pub gitlab: GitlabConfig,
+    pub kas_internal: KasInternalConfig,
+    pub agents: AgentsConfig,
+    pub routing: RoutingConfig,
+    pub registry: RegistryConfig,
+    pub shutdown: ShutdownConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ListenersConfig {
+    /// agentk connects here (AgentTunnel).
+    pub agent: ListenerConfig,
+    /// GitLab calls KasApi here.
+    pub api: ListenerConfig,
+    /// Other kas call KasInternal here.
+    pub internal: ListenerConfig,
+}
+
+impl Default for ListenersConfig {
+    fn default() -> Self {
+        Self {
+            agent: ListenerConfig::new(DEFAULT_AGENT_ADDRESS),
+            api: ListenerConfig::new(DEFAULT_API_ADDRESS),
+            internal: ListenerConfig::new(DEFAULT_INTERNAL_ADDRESS),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerConfig {
+    /// `ip:port`; port 0 picks a free port (the bound address is logged).
+    pub address: String,
+}
+
+impl ListenerConfig {
+    pub fn new(address: &str) -> Self {
+        Self { address: address.to_owned() }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GitlabConfig {
+    /// File with the base64 secret shared with GitLab (verifies api listener JWTs). Required.
+    pub authentication_secret_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KasInternalConfig {
+    /// File with the base64 secret shared only among kas instances. Required.
+    pub authentication_secret_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentsConfig {
+    /// The static agents file (agents, token hashes, configurations). Required.
+    pub static_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RoutingConfig {
+    /// Longest wait for an agent to connect (the caller's own deadline wins when shorter).
+    #[serde(with = "humantime_serde")]
+    pub max_wait: Duration,
+}
+
+impl Default for RoutingConfig {
+    fn default() -> Self {
+        Self { max_wait: DEFAULT_MAX_WAIT }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RegistryConfig {
+    /// Lifetime of a connection record without refresh.
+    #[serde(with = "humantime_serde")]
+    pub ttl: Duration,
+    /// How often this kas rewrites the expiry of its records.
+    #[serde(with = "humantime_serde")]
+    pub refresh_period: Duration,
+    /// How often this kas removes stale records.
+    #[serde(with = "humantime_serde")]
+    pub gc_period: Duration,
+}
+
+impl Default for RegistryConfig {
+    fn default() -> Self {
+        Self { ttl: DEFAULT_REGISTRY_TTL, refresh_period: DEFAULT_REGISTRY_REFRESH, gc_period: DEFAULT_REGISTRY_GC }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ShutdownConfig {
+    /// How long in-flight requests may run after a shutdown signal.
+    #[serde(with = "humantime_serde")]
+    pub grace_period: Duration,
+}
+
+impl Default for ShutdownConfig {
+    fn default() -> Self {
+        Self { grace_period: DEFAULT_SHUTDOWN_GRACE }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("invalid config file {path}: {message}")]
+    Parse { path: String, message: String },
+    #[error("invalid configuration: {key}: {message}")]
+    Invalid { key: &'static str, message: String },
+}
+
+impl Config {
+    /// Reads, parses (unknown keys are errors) and validates a config file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let p = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: p.clone(), source })?;
+        let config = Self::parse(&text).map_err(|message| ConfigError::Parse { path: p, message })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn parse(text: &str) -> Result<Self, String> {
+        if text.trim().is_empty() {
+            return Ok(Self::default());
+        }
+        serde_norway::from_str(text).map_err(|e| e.to_string())
+    }
+
+    /// Checks what the types cannot: addresses parse, required files are set, periods make sense.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (key, l) in [
+            ("listeners.agent.address", &self.listeners.agent),
+            ("listeners.api.address", &self.listeners.api),
+            ("listeners.internal.address", &self.listeners.internal),
+        ] {
+            l.address.parse::<SocketAddr>().map_err(|e| ConfigError::Invalid {
+                key,
+                message: format!("\"{}\" is not an ip:port address ({e})", l.address),
+            })?;
+        }
+        let required = [
+            ("gitlab.authentication_secret_file", &self.gitlab.authentication_secret_file),
+            ("kas_internal.authentication_secret_file", &self.kas_internal.authentication_secret_file),
+            ("agents.static_file", &self.agents.static_file),
+        ];
+        for (key, v) in required {
+            if v.is_none() {
+                return Err(ConfigError::Invalid { key, message: "is required".into() });
+            }
+        }
+        let nonzero = [
+            ("routing.max_wait", self.routing.max_wait),
+            ("registry.ttl", self.registry.ttl),
+            ("registry.refresh_period", self.registry.refresh_period),
+            ("registry.gc_period", self.registry.gc_period),
+        ];
+        for (key, d) in nonzero {
+            if d.is_zero() {
+                return Err(ConfigError::Invalid { key, message: "must be greater than zero".into() });
+            }
+        }
+        if self.registry.refresh_period >= self.registry.ttl {
+            return Err(ConfigError::Invalid {
+                key: "registry.refresh_period",
+                message: format!(
+                    "must be shorter than registry.ttl ({}), or records expire between refreshes",
+                    humantime::format_duration(self.registry.ttl)
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    pub fn listener_address(l: &ListenerConfig) -> SocketAddr {
+        // validate() has checked it; the fallback keeps this total.
+        l.address.parse().unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn example() -> &'static str {
+        include_str!("../config.example.yaml")
+    }
+
+    #[test]
+    fn example_config_parses_and_matches_defaults() {
+        let parsed = Config::parse(example()).unwrap();
+        parsed.validate().unwrap();
+        // The example sets the required files; everything else must be exactly the defaults.
+        let mut expected = Config::default();
+        expected.gitlab.authentication_secret_file = Some("/etc/kas/gitlab-secret".into());
+        expected.kas_internal.authentication_secret_file = Some("/etc/kas/internal-secret".into());
+        expected.agents.static_file = Some("/etc/kas/agents.yaml".into());
+        assert_eq!(parsed, expected);
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let e = Config::parse("listeners:\n  api:\n    adress: 1.2.3.4:5\n").unwrap_err();
+        assert!(e.contains("unknown field `adress`"), "{e}");
+        let e = Config::parse("routing:\n  max_wait: forever\n").unwrap_err();
+        assert!(e.contains("routing") || e.contains("max_wait") || e.contains("line"), "{e}");
+    }
+
+    #[test]
+    fn validation_messages_name_the_key() {
+        let mut c = Config::parse(example()).unwrap();
+        c.listeners.api.address = "nope".into();
+        assert!(c.validate().unwrap_err().to_string().contains("listeners.api.address"));
+        let mut c = Config::parse(example()).unwrap();
+        c.agents.static_file = None;
+        assert!(c.validate().unwrap_err().to_string().contains("agents.static_file: is required"));
+        let mut c = Config::parse(example()).unwrap();
+        c.registry.refresh_period = c.registry.ttl;
+        assert!(c.validate().unwrap_err().to_string().contains("registry.refresh_period"));
+    }
+}

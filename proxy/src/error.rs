@@ -1,0 +1,114 @@
+//! The one error type of kas and the one table mapping it to gRPC codes and HTTP statuses.
+
+use std::time::Duration;
+
+use kas_proto::{AgentId, ConnectionId};
+use tonic::Code;
+
+/// Every error a caller of kas can observe.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum KasError {
+    /// The caller's credentials are missing or invalid (message says which check failed).
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// The request itself is malformed (bad id, bad parameter).
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// No connection of the agent appeared before the wait ended.
+    #[error("agent {agent_id} is not connected (waited {waited:?} for it to connect)")]
+    AgentNotConnected { agent_id: AgentId, waited: Duration },
+    /// The named connection does not exist (anywhere the router looked).
+    #[error("connection {connection_id} of agent {agent_id} is not connected (waited {waited:?})")]
+    ConnectionNotConnected { agent_id: AgentId, connection_id: ConnectionId, waited: Duration },
+    /// The agent is connected but no tunnel became free before the wait ended.
+    #[error("agent {agent_id} is connected but had no free tunnel within {waited:?}")]
+    AgentBusy { agent_id: AgentId, waited: Duration },
+    /// The caller's own deadline passed while waiting for the agent.
+    #[error("deadline exceeded after {waited:?} while waiting for agent {agent_id}")]
+    DeadlineExceeded { agent_id: AgentId, waited: Duration },
+    /// KasInternal: this kas does not hold the named connection (the routing kas tries another).
+    #[error("connection {connection_id} of agent {agent_id} is not connected to this kas")]
+    NotHere { agent_id: AgentId, connection_id: ConnectionId },
+    /// agentk answered with an error status; code and message come from agentk.
+    #[error("agentk: {message}")]
+    AgentError { code: Code, message: String },
+    /// agentk broke the tunnel protocol or the tunnel broke before the response ended.
+    #[error("tunnel to agentk failed: {0}")]
+    Tunnel(String),
+    /// A registry backend failed.
+    #[error("agent registry unavailable: {0}")]
+    Registry(String),
+    /// kas is shutting down and takes no new requests.
+    #[error("kas is shutting down")]
+    ShuttingDown,
+    /// A bug or an unexpected local failure. The detail is logged, never returned.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl KasError {
+    /// The one table: gRPC code and HTTP status of each error.
+    pub fn classify(&self) -> (Code, http::StatusCode) {
+        use http::StatusCode as S;
+        match self {
+            Self::Unauthenticated(_) => (Code::Unauthenticated, S::UNAUTHORIZED),
+            Self::InvalidArgument(_) => (Code::InvalidArgument, S::BAD_REQUEST),
+            Self::AgentNotConnected { .. } | Self::ConnectionNotConnected { .. } => {
+                (Code::Unavailable, S::SERVICE_UNAVAILABLE)
+            }
+            Self::AgentBusy { .. } => (Code::Unavailable, S::SERVICE_UNAVAILABLE),
+            Self::DeadlineExceeded { .. } => (Code::DeadlineExceeded, S::GATEWAY_TIMEOUT),
+            Self::NotHere { .. } => (Code::NotFound, S::NOT_FOUND),
+            Self::AgentError { code, .. } => (*code, S::BAD_GATEWAY),
+            Self::Tunnel(_) => (Code::Unavailable, S::BAD_GATEWAY),
+            Self::Registry(_) => (Code::Unavailable, S::SERVICE_UNAVAILABLE),
+            Self::ShuttingDown => (Code::Unavailable, S::SERVICE_UNAVAILABLE),
+            Self::Internal(_) => (Code::Internal, S::INTERNAL_SERVER_ERROR),
+        }
+    }
+
+    pub fn grpc_code(&self) -> Code {
+        self.classify().0
+    }
+
+    pub fn http_status(&self) -> http::StatusCode {
+        self.classify().1
+    }
+
+    /// The message a caller may see. Internal failures are not described to callers.
+    pub fn public_message(&self) -> String {
+        match self {
+            Self::Internal(_) => "internal error".to_owned(),
+            Self::Registry(_) => "agent registry unavailable".to_owned(),
+            other => other.to_string(),
+        }
+    }
+}
+
+impl From<KasError> for tonic::Status {
+    fn from(e: KasError) -> Self {
+        if matches!(e, KasError::Internal(_) | KasError::Registry(_)) {
+            tracing::error!(error = %e, "request failed");
+        }
+        tonic::Status::new(e.grpc_code(), e.public_message())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn internal_detail_is_not_public() {
+        let s: tonic::Status = KasError::Internal("secret path /x".into()).into();
+        assert_eq!(s.code(), Code::Internal);
+        assert_eq!(s.message(), "internal error");
+    }
+
+    #[test]
+    fn not_connected_says_so() {
+        let e = KasError::AgentNotConnected { agent_id: AgentId(7), waited: Duration::from_secs(1) };
+        assert_eq!(e.http_status(), http::StatusCode::SERVICE_UNAVAILABLE);
+        assert!(e.public_message().contains("agent 7 is not connected"));
+    }
+}

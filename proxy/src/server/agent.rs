@@ -1,0 +1,153 @@
+//! The agent listener: `AgentTunnel` (GetConfiguration = presence, Connect = tunnels).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use kas_proto::kas::{ConnectedAgentInfo, KasAddress};
+use kas_proto::tunnel::FrameOrder;
+use kas_proto::tunnel::pb::agent_tunnel_server::AgentTunnel;
+use kas_proto::tunnel::pb::{self, ConnectRequest, ConnectResponse, ConfigurationRequest, connect_request};
+use kas_proto::{AgentId, ConnectionId};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::auth::{AgentIdentity, TokenVerifier};
+use crate::modules::configuration::ConfigurationSource;
+use crate::registry::AgentRegistry;
+use crate::tunnel::{TunnelIo, TunnelRegistry};
+
+/// A tunnel must describe itself promptly; a silent stream only holds resources.
+const DESCRIPTOR_TIMEOUT: Duration = Duration::from_secs(10);
+/// Frames buffered towards agentk per tunnel; HTTP/2 flow control does the rest.
+const TUNNEL_SEND_BUFFER: usize = 16;
+
+pub struct AgentService {
+    pub verifier: Arc<dyn TokenVerifier>,
+    pub configurations: Arc<dyn ConfigurationSource>,
+    pub registry: Arc<dyn AgentRegistry>,
+    pub tunnels: TunnelRegistry,
+    /// This kas's internal (kas -> kas) address, written into connection records.
+    pub kas_address: KasAddress,
+    pub shutdown: CancellationToken,
+}
+
+impl AgentService {
+    async fn authenticate<T>(&self, request: &Request<T>) -> Result<AgentIdentity, Status> {
+        let token = kas_proto::metadata::bearer_token(super::authorization(request.metadata()))
+            .ok_or_else(|| Status::unauthenticated("missing agent token: expected \"authorization: Bearer <agent token>\""))?;
+        Ok(self.verifier.verify(token).await?)
+    }
+}
+
+fn now() -> prost_types::Timestamp {
+    prost_types::Timestamp::from(std::time::SystemTime::now())
+}
+
+#[tonic::async_trait]
+impl AgentTunnel for AgentService {
+    type GetConfigurationStream = ReceiverStream<Result<pb::ConfigurationResponse, Status>>;
+    type ConnectStream = ReceiverStream<Result<ConnectResponse, Status>>;
+
+    async fn get_configuration(
+        &self,
+        request: Request<ConfigurationRequest>,
+    ) -> Result<Response<Self::GetConfigurationStream>, Status> {
+        let agent = self.authenticate(&request).await?;
+        let req = request.into_inner();
+        if req.connection_id <= 0 {
+            return Err(Status::invalid_argument("connection_id must be a positive integer"));
+        }
+        let connection_id = ConnectionId(req.connection_id);
+        let agent_id = agent.agent_id;
+        let first = self.configurations.configuration(&agent).await?;
+        match self.tunnels.connection_up(agent_id, connection_id).await {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(Status::already_exists(format!(
+                    "connection {connection_id} of agent {agent_id} is already connected"
+                )));
+            }
+            Err(_) => return Err(Status::unavailable("kas is shutting down")),
+        }
+        let meta = req.agent_meta.unwrap_or_default();
+        let pod = format!("{}/{}", meta.pod_namespace, meta.pod_name);
+        let info = ConnectedAgentInfo {
+            id: agent_id.0,
+            connection_id: connection_id.0,
+            version: meta.version,
+            commit: meta.commit,
+            pod_namespace: meta.pod_namespace,
+            pod_name: meta.pod_name,
+            connected_at: Some(now()),
+            kas_address: Some(self.kas_address.clone()),
+            project_id: agent.project_id.0,
+        };
+        // A registry failure must not stop local service: the record is rewritten on refresh.
+        if let Err(e) = self.registry.register(info).await {
+            tracing::warn!(%agent_id, %connection_id, error = %e, "registering connection failed");
+        }
+        tracing::info!(%agent_id, %connection_id, pod = %pod, "agent connected");
+
+        let (tx, rx) = mpsc::channel(1);
+        let registry = self.registry.clone();
+        let tunnels = self.tunnels.clone();
+        let shutdown = self.shutdown.clone();
+        let project_id = agent.project_id;
+        tokio::spawn(async move {
+            if first.commit_id != req.commit_id {
+                let _ = tx.send(Ok(first)).await;
+            }
+            tokio::select! {
+                () = tx.closed() => {}
+                // Ending the stream tells agentk to reconnect, to another kas when there is one.
+                () = shutdown.cancelled() => {}
+            }
+            drop(tx);
+            disconnect(&*registry, &tunnels, agent_id, project_id, connection_id).await;
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn connect(&self, request: Request<Streaming<ConnectRequest>>) -> Result<Response<Self::ConnectStream>, Status> {
+        let agent = self.authenticate(&request).await?;
+        let mut inbound = request.into_inner();
+        let first = match tokio::time::timeout(DESCRIPTOR_TIMEOUT, inbound.message()).await {
+            Err(_) => return Err(Status::deadline_exceeded("no Descriptor received within 10s")),
+            Ok(Err(status)) => return Err(status),
+            Ok(Ok(None)) => return Err(Status::invalid_argument("tunnel closed before its Descriptor")),
+            Ok(Ok(Some(frame))) => frame,
+        };
+        let mut order = FrameOrder::new();
+        order.response(first.kind()?)?;
+        let Some(connect_request::Msg::Descriptor(descriptor)) = first.msg else {
+            return Err(Status::internal("frame order accepted a non-descriptor first frame"));
+        };
+        if descriptor.connection_id <= 0 {
+            return Err(Status::invalid_argument("Descriptor.connection_id must be a positive integer"));
+        }
+        if descriptor.methods.is_empty() {
+            return Err(Status::invalid_argument("Descriptor.methods must name at least one method"));
+        }
+        let (tx, rx) = mpsc::channel(TUNNEL_SEND_BUFFER);
+        let io = TunnelIo::new(tx, inbound.boxed(), order);
+        self.tunnels.register(agent.agent_id, ConnectionId(descriptor.connection_id), descriptor.methods, io);
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+async fn disconnect(
+    registry: &dyn AgentRegistry,
+    tunnels: &TunnelRegistry,
+    agent_id: AgentId,
+    project_id: kas_proto::ProjectId,
+    connection_id: ConnectionId,
+) {
+    tunnels.connection_down(agent_id, connection_id);
+    if let Err(e) = registry.unregister(agent_id, project_id, connection_id).await {
+        tracing::warn!(%agent_id, %connection_id, error = %e, "unregistering connection failed");
+    }
+    tracing::info!(%agent_id, %connection_id, "agent disconnected");
+}

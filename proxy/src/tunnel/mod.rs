@@ -1,0 +1,249 @@
+//! The local tunnel registry: agent connections and idle tunnels held by this kas.
+//!
+//! One task owns the maps; everything else talks to it through [`TunnelRegistry`] (a cheap,
+//! cloneable handle). A request asks for a tunnel of an agent (and optionally one connection)
+//! serving a method; it gets an idle one at once or is parked until one registers. A parked
+//! request that gives up just drops its receiver; the task skips it.
+
+mod io;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use kas_proto::{AgentId, ConnectionId};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+pub use io::{TunnelIo, ToAgent};
+
+/// What a request needs from a tunnel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TunnelQuery {
+    pub agent_id: AgentId,
+    /// `ConnectionId::ANY` for any replica of the agent.
+    pub connection_id: ConnectionId,
+    pub method: String,
+}
+
+/// A tunnel that sent its Descriptor and waits for a request.
+#[derive(Debug)]
+pub struct IdleTunnel {
+    pub agent_id: AgentId,
+    pub connection_id: ConnectionId,
+    pub methods: Vec<String>,
+    pub io: TunnelIo,
+    id: u64,
+}
+
+impl IdleTunnel {
+    fn serves(&self, q: &TunnelQuery) -> bool {
+        self.agent_id == q.agent_id
+            && (q.connection_id.is_any() || q.connection_id == self.connection_id)
+            && self.methods.iter().any(|m| m == &q.method)
+    }
+}
+
+/// A counted snapshot, for readiness, metrics and tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TunnelStats {
+    pub connections: usize,
+    pub idle_tunnels: usize,
+    pub waiting_requests: usize,
+}
+
+enum Command {
+    ConnectionUp { agent_id: AgentId, connection_id: ConnectionId, reply: oneshot::Sender<bool> },
+    ConnectionDown { agent_id: AgentId, connection_id: ConnectionId },
+    HasConnection { agent_id: AgentId, connection_id: ConnectionId, reply: oneshot::Sender<bool> },
+    Register(IdleTunnel),
+    Remove { agent_id: AgentId, id: u64 },
+    Find { query: TunnelQuery, reply: oneshot::Sender<IdleTunnel> },
+    Stats { reply: oneshot::Sender<TunnelStats> },
+}
+
+/// Handle to the tunnel registry task.
+#[derive(Clone, Debug)]
+pub struct TunnelRegistry {
+    tx: mpsc::UnboundedSender<Command>,
+    next_id: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl std::fmt::Debug for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Command")
+    }
+}
+
+/// Returned when the registry task has stopped (kas is shutting down).
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("tunnel registry stopped")]
+pub struct Stopped;
+
+impl TunnelRegistry {
+    /// Starts the task. It stops (dropping every idle tunnel and parked request) on `shutdown`.
+    pub fn spawn(shutdown: CancellationToken) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(run(rx, shutdown));
+        Self { tx, next_id: Default::default() }
+    }
+
+    /// Records an agent connection. `false` if that connection id is already held here.
+    pub async fn connection_up(&self, agent_id: AgentId, connection_id: ConnectionId) -> Result<bool, Stopped> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(Command::ConnectionUp { agent_id, connection_id, reply }).map_err(|_| Stopped)?;
+        rx.await.map_err(|_| Stopped)
+    }
+
+    pub fn connection_down(&self, agent_id: AgentId, connection_id: ConnectionId) {
+        let _ = self.tx.send(Command::ConnectionDown { agent_id, connection_id });
+    }
+
+    /// Whether this kas holds the connection (any connection of the agent for `ANY`).
+    pub async fn has_connection(&self, agent_id: AgentId, connection_id: ConnectionId) -> Result<bool, Stopped> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(Command::HasConnection { agent_id, connection_id, reply }).map_err(|_| Stopped)?;
+        rx.await.map_err(|_| Stopped)
+    }
+
+    /// Adds an idle tunnel; it is removed again when agentk goes away.
+    pub fn register(&self, agent_id: AgentId, connection_id: ConnectionId, methods: Vec<String>, io: TunnelIo) {
+        let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let closed = io.closed_signal();
+        let tunnel = IdleTunnel { agent_id, connection_id, methods, io, id };
+        if self.tx.send(Command::Register(tunnel)).is_err() {
+            return; // shutting down: dropping the tunnel ends it
+        }
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            closed.closed().await;
+            let _ = tx.send(Command::Remove { agent_id, id });
+        });
+    }
+
+    /// Waits for a tunnel matching the query. Cancel by dropping the future.
+    pub async fn find(&self, query: TunnelQuery) -> Result<IdleTunnel, Stopped> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(Command::Find { query, reply }).map_err(|_| Stopped)?;
+        rx.await.map_err(|_| Stopped)
+    }
+
+    pub async fn stats(&self) -> Result<TunnelStats, Stopped> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(Command::Stats { reply }).map_err(|_| Stopped)?;
+        rx.await.map_err(|_| Stopped)
+    }
+}
+
+struct Waiter {
+    query: TunnelQuery,
+    reply: oneshot::Sender<IdleTunnel>,
+}
+
+#[derive(Default)]
+struct State {
+    connections: HashMap<AgentId, HashSet<ConnectionId>>,
+    idle: HashMap<AgentId, Vec<IdleTunnel>>,
+    waiters: HashMap<AgentId, VecDeque<Waiter>>,
+}
+
+impl State {
+    fn handle(&mut self, cmd: Command) {
+        match cmd {
+            Command::ConnectionUp { agent_id, connection_id, reply } => {
+                let _ = reply.send(self.connections.entry(agent_id).or_default().insert(connection_id));
+            }
+            Command::ConnectionDown { agent_id, connection_id } => {
+                if let Some(set) = self.connections.get_mut(&agent_id) {
+                    set.remove(&connection_id);
+                    if set.is_empty() {
+                        self.connections.remove(&agent_id);
+                    }
+                }
+            }
+            Command::HasConnection { agent_id, connection_id, reply } => {
+                let has = self
+                    .connections
+                    .get(&agent_id)
+                    .is_some_and(|s| if connection_id.is_any() { !s.is_empty() } else { s.contains(&connection_id) });
+                let _ = reply.send(has);
+            }
+            Command::Register(tunnel) => self.offer(tunnel),
+            Command::Remove { agent_id, id } => {
+                if let Some(list) = self.idle.get_mut(&agent_id) {
+                    list.retain(|t| t.id != id);
+                    if list.is_empty() {
+                        self.idle.remove(&agent_id);
+                    }
+                }
+            }
+            Command::Find { query, reply } => self.find(query, reply),
+            Command::Stats { reply } => {
+                let _ = reply.send(TunnelStats {
+                    connections: self.connections.values().map(HashSet::len).sum(),
+                    idle_tunnels: self.idle.values().map(Vec::len).sum(),
+                    waiting_requests: self.waiters.values().flatten().filter(|w| !w.reply.is_closed()).count(),
+                });
+            }
+        }
+    }
+
+    /// Gives a new tunnel to the oldest matching live waiter, else keeps it idle.
+    fn offer(&mut self, tunnel: IdleTunnel) {
+        let agent = tunnel.agent_id;
+        let mut tunnel = Some(tunnel);
+        if let Some(queue) = self.waiters.get_mut(&agent) {
+            queue.retain(|w| !w.reply.is_closed());
+            while let Some(t) = tunnel.take() {
+                let Some(waiter) = queue.iter().position(|w| t.serves(&w.query)).and_then(|pos| queue.remove(pos))
+                else {
+                    tunnel = Some(t);
+                    break;
+                };
+                // A waiter that gave up between the check and the send hands the tunnel back.
+                if let Err(back) = waiter.reply.send(t) {
+                    tunnel = Some(back);
+                }
+            }
+            if queue.is_empty() {
+                self.waiters.remove(&agent);
+            }
+        }
+        if let Some(t) = tunnel {
+            self.idle.entry(agent).or_default().push(t);
+        }
+    }
+
+    fn find(&mut self, query: TunnelQuery, reply: oneshot::Sender<IdleTunnel>) {
+        if let Some(list) = self.idle.get_mut(&query.agent_id) {
+            // Tunnels whose agentk went away are dropped here too, not only by their watcher.
+            list.retain(|t| !t.io.is_closed());
+            // Most recently registered first: older tunnels are likelier to be half-dead.
+            if let Some(pos) = list.iter().rposition(|t| t.serves(&query)) {
+                let tunnel = list.swap_remove(pos);
+                if let Err(back) = reply.send(tunnel) {
+                    list.push(back); // the caller is gone already; keep the tunnel
+                }
+                return;
+            }
+        }
+        if reply.is_closed() {
+            return;
+        }
+        let queue = self.waiters.entry(query.agent_id).or_default();
+        queue.retain(|w| !w.reply.is_closed());
+        queue.push_back(Waiter { query, reply });
+    }
+}
+
+async fn run(mut rx: mpsc::UnboundedReceiver<Command>, shutdown: CancellationToken) {
+    let mut state = State::default();
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            cmd = rx.recv() => match cmd {
+                Some(cmd) => state.handle(cmd),
+                None => break,
+            },
+        }
+    }
+    // Dropping the state ends every idle tunnel and fails every parked request.
+}
