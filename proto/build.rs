@@ -7,10 +7,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let include = protoc_bin_vendored::include_path()?;
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
     let includes = [PathBuf::from("proto"), include];
-    let base = [
-        PathBuf::from("proto/kas/v1/kas.proto"),
-        PathBuf::from("proto/kas/tunnel/v1/tunnel.proto"),
-    ];
+    let base = [PathBuf::from("proto/kas/v1/kas.proto"), PathBuf::from("proto/kas/tunnel/v1/tunnel.proto")];
     // Feature packages refer to `kas.v1` messages; they are compiled in a second pass so those
     // references resolve to `crate::kas` instead of relative `super::` paths.
     let features = [PathBuf::from("proto/kas/get_pods/v1/get_pods.proto")];

@@ -1,1 +1,56 @@
-fn main(){}
+//! The `agentk` binary: parse flags, set up logging, run the library `App`.
+
+use std::io::IsTerminal;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+use tokio_util::sync::CancellationToken;
+use tracing_subscriber::prelude::*;
+use tracing_subscriber::{EnvFilter, reload};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = agentk::Args::parse();
+    let (filter, reload_handle) = reload::Layer::new(EnvFilter::try_new(&args.log).context("invalid --log filter")?);
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let registry = tracing_subscriber::registry().with(filter);
+    if std::io::stderr().is_terminal() {
+        registry.with(fmt).init()
+    } else {
+        registry.with(fmt.json()).init()
+    }
+
+    let config = agentk::AgentConfig::from_args(&args)?;
+    let default_log = args.log.clone();
+    // The agent configuration may change the log level at run time; empty restores the flag.
+    let observer = Arc::new(move |c: &kas_proto::tunnel::pb::AgentConfiguration| {
+        let level =
+            c.observability.as_ref().and_then(|o| o.logging.as_ref()).map(|l| l.level.clone()).unwrap_or_default();
+        let wanted = if level.is_empty() { default_log.clone() } else { level };
+        match EnvFilter::try_new(&wanted) {
+            Ok(f) => {
+                if reload_handle.reload(f).is_ok() {
+                    tracing::info!(level = %wanted, "log level applied from agent configuration");
+                }
+            }
+            Err(e) => tracing::warn!(level = %wanted, error = %e, "ignoring invalid log level in agent configuration"),
+        }
+    });
+    let app = agentk::App::new(config).await?.with_configuration_observer(observer);
+    let shutdown = CancellationToken::new();
+    let signal = shutdown.clone();
+    tokio::spawn(async move {
+        if let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        } else {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+        signal.cancel();
+    });
+    app.run(shutdown).await;
+    Ok(())
+}

@@ -26,11 +26,7 @@ pub fn bearer_token(value: Option<&str>) -> Option<&str> {
 pub fn forwarded(md: &tonic::metadata::MetadataMap) -> HashMap<String, MetadataValues> {
     let mut out = HashMap::new();
     for key in FORWARDED_METADATA {
-        let values: Vec<String> = md
-            .get_all(*key)
-            .iter()
-            .filter_map(|v| v.to_str().ok().map(str::to_owned))
-            .collect();
+        let values: Vec<String> = md.get_all(*key).iter().filter_map(|v| v.to_str().ok().map(str::to_owned)).collect();
         if !values.is_empty() {
             out.insert((*key).to_owned(), MetadataValues { values });
         }

@@ -113,10 +113,17 @@ impl App {
         let api = bind("api", Config::listener_address(&config.listeners.api)).await?;
         let internal = bind("internal", Config::listener_address(&config.listeners.internal)).await?;
         let local = |l: &TcpListener, name: &'static str| {
-            l.local_addr().map_err(|source| AppError::Bind { listener: name, address: SocketAddr::from(([0, 0, 0, 0], 0)), source })
+            l.local_addr().map_err(|source| AppError::Bind {
+                listener: name,
+                address: SocketAddr::from(([0, 0, 0, 0], 0)),
+                source,
+            })
         };
-        let addresses =
-            Addresses { agent: local(&agent, "agent")?, api: local(&api, "api")?, internal: local(&internal, "internal")? };
+        let addresses = Addresses {
+            agent: local(&agent, "agent")?,
+            api: local(&api, "api")?,
+            internal: local(&internal, "internal")?,
+        };
         Ok(Bound {
             config,
             agent,
@@ -151,8 +158,18 @@ impl Bound {
     /// Serves until `shutdown` is cancelled, then drains: external listeners finish in-flight
     /// requests within the grace period, agents are told to move, records are removed last.
     pub async fn serve(self, shutdown: CancellationToken) -> Result<(), AppError> {
-        let Bound { config, agent, api, internal, addresses, gitlab_secret, internal_secret, agents, registry, tunnels_handle } =
-            self;
+        let Bound {
+            config,
+            agent,
+            api,
+            internal,
+            addresses,
+            gitlab_secret,
+            internal_secret,
+            agents,
+            registry,
+            tunnels_handle,
+        } = self;
         // Stops the tunnel registry and maintenance after the external listeners drained.
         let background = CancellationToken::new();
         let tunnels = TunnelRegistry::spawn(background.clone());
@@ -166,7 +183,10 @@ impl Bound {
             configurations,
             registry: registry.clone(),
             tunnels: tunnels.clone(),
-            kas_address: KasAddress { ip: addresses.internal.ip().to_string(), port: u32::from(addresses.internal.port()) },
+            kas_address: KasAddress {
+                ip: addresses.internal.ip().to_string(),
+                port: u32::from(addresses.internal.port()),
+            },
             shutdown: shutdown.clone(),
         };
         let incoming = |l: TcpListener| TcpIncoming::from(l).with_nodelay(Some(true));
@@ -196,7 +216,8 @@ impl Bound {
                 ))
                 .serve_with_incoming_shutdown(incoming(internal), shutdown.clone().cancelled_owned()),
         );
-        let maintenance = tokio::spawn(maintain_registry(registry.clone(), config.registry.clone(), background.clone()));
+        let maintenance =
+            tokio::spawn(maintain_registry(registry.clone(), config.registry.clone(), background.clone()));
         tracing::info!(agent = %addresses.agent, api = %addresses.api, internal = %addresses.internal, version = crate::VERSION, "kas listening");
 
         // Run until asked to stop, or until a listener fails on its own.

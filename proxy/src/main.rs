@@ -19,6 +19,15 @@ struct Cli {
     /// Where standalone mode keeps its generated secrets and agents file.
     #[arg(long, env = "KAS_DEV_DIR", default_value = ".kas-dev")]
     dev_dir: PathBuf,
+    /// Overrides listeners.agent.address (e.g. 0.0.0.0:8150; port 0 picks a free port).
+    #[arg(long, env = "KAS_AGENT_ADDRESS")]
+    agent_address: Option<String>,
+    /// Overrides listeners.api.address.
+    #[arg(long, env = "KAS_API_ADDRESS")]
+    api_address: Option<String>,
+    /// Overrides listeners.internal.address.
+    #[arg(long, env = "KAS_INTERNAL_ADDRESS")]
+    internal_address: Option<String>,
     /// Log filter, e.g. `info` or `kas=debug`.
     #[arg(long, env = "KAS_LOG", default_value = "info")]
     log: String,
@@ -72,7 +81,11 @@ fn init_logging(filter: &str, format: Option<LogFormat>) -> anyhow::Result<()> {
         None => !std::io::stderr().is_terminal(),
     };
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    if json { builder.json().init() } else { builder.init() }
+    if json {
+        builder.json().init()
+    } else {
+        builder.init()
+    }
     Ok(())
 }
 
@@ -88,19 +101,33 @@ async fn main() -> anyhow::Result<()> {
         Some(Command::AddAgent { agents_file, id, name, project_id, token_file }) => {
             add_agent(agents_file, id, name, project_id, token_file)
         }
-        None => run(cli.config, cli.dev_dir, &cli.log, cli.log_format).await,
+        None => {
+            init_logging(&cli.log, cli.log_format)?;
+            let overrides = [cli.agent_address, cli.api_address, cli.internal_address];
+            run(cli.config, cli.dev_dir, overrides).await
+        }
     }
 }
 
-async fn run(config: Option<PathBuf>, dev_dir: PathBuf, log: &str, format: Option<LogFormat>) -> anyhow::Result<()> {
-    init_logging(log, format)?;
-    let (config, dev) = match config {
+async fn run(config: Option<PathBuf>, dev_dir: PathBuf, overrides: [Option<String>; 3]) -> anyhow::Result<()> {
+    let (mut config, dev) = match config {
         Some(path) => (kas::Config::load(&path)?, None),
         None => {
             let dev = kas::standalone::ensure_dev_setup(&dev_dir)?;
             (dev.config.clone(), Some(dev))
         }
     };
+    let [agent, api, internal] = overrides;
+    let listeners = &mut config.listeners;
+    for (address, value) in [
+        (&mut listeners.agent.address, agent),
+        (&mut listeners.api.address, api),
+        (&mut listeners.internal.address, internal),
+    ] {
+        if let Some(v) = value {
+            *address = v;
+        }
+    }
     let bound = kas::App::new(config).bind().await?;
     if let Some(dev) = dev {
         let a = bound.addresses();

@@ -79,19 +79,19 @@ pub fn generate_agent_token() -> String {
 impl StaticAgentsFile {
     pub fn load(path: &Path) -> Result<Self, StaticAgentsError> {
         let p = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| StaticAgentsError::Read { path: p.clone(), source })?;
-        let file: Self =
-            serde_norway::from_str(&text).map_err(|e| StaticAgentsError::Invalid { path: p.clone(), message: e.to_string() })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|source| StaticAgentsError::Read { path: p.clone(), source })?;
+        let file: Self = serde_norway::from_str(&text)
+            .map_err(|e| StaticAgentsError::Invalid { path: p.clone(), message: e.to_string() })?;
         file.validate().map_err(|message| StaticAgentsError::Invalid { path: p, message })?;
         Ok(file)
     }
 
     pub fn save(&self, path: &Path) -> Result<(), StaticAgentsError> {
-        let text = serde_norway::to_string(self).map_err(|e| StaticAgentsError::Invalid {
-            path: path.display().to_string(),
-            message: e.to_string(),
-        })?;
-        std::fs::write(path, text).map_err(|source| StaticAgentsError::Write { path: path.display().to_string(), source })
+        let text = serde_norway::to_string(self)
+            .map_err(|e| StaticAgentsError::Invalid { path: path.display().to_string(), message: e.to_string() })?;
+        std::fs::write(path, text)
+            .map_err(|source| StaticAgentsError::Write { path: path.display().to_string(), source })
     }
 
     fn validate(&self) -> Result<(), String> {
@@ -155,10 +155,7 @@ impl StaticAgents {
 impl TokenVerifier for StaticAgents {
     async fn verify(&self, token: &str) -> Result<AgentIdentity, KasError> {
         let hash: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-        self.by_hash
-            .get(&hash)
-            .cloned()
-            .ok_or_else(|| KasError::Unauthenticated("invalid agent token".into()))
+        self.by_hash.get(&hash).cloned().ok_or_else(|| KasError::Unauthenticated("invalid agent token".into()))
     }
 }
 

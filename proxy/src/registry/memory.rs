@@ -121,10 +121,7 @@ impl AgentRegistry for MemoryRegistry {
         Ok(self.live(|k| k.0 == agent_id))
     }
 
-    async fn connections_by_project_id(
-        &self,
-        project_id: ProjectId,
-    ) -> Result<Vec<ConnectedAgentInfo>, RegistryError> {
+    async fn connections_by_project_id(&self, project_id: ProjectId) -> Result<Vec<ConnectedAgentInfo>, RegistryError> {
         Ok(self.live(|k| k.1 == project_id))
     }
 

@@ -42,8 +42,12 @@ pub trait AgentRegistry: Send + Sync + 'static {
     /// Records a connection held by this kas (agent and project indexes, same expiry).
     async fn register(&self, info: ConnectedAgentInfo) -> Result<(), RegistryError>;
     /// Removes a connection this kas registered.
-    async fn unregister(&self, agent_id: AgentId, project_id: ProjectId, connection_id: ConnectionId)
-    -> Result<(), RegistryError>;
+    async fn unregister(
+        &self,
+        agent_id: AgentId,
+        project_id: ProjectId,
+        connection_id: ConnectionId,
+    ) -> Result<(), RegistryError>;
     /// Extends the expiry of every record this kas wrote (called periodically).
     async fn refresh(&self) -> Result<(), RegistryError>;
     /// Removes stale records this kas owns (called periodically).
@@ -51,8 +55,7 @@ pub trait AgentRegistry: Send + Sync + 'static {
     /// Live connections of an agent, from every kas.
     async fn connections_by_agent_id(&self, agent_id: AgentId) -> Result<Vec<ConnectedAgentInfo>, RegistryError>;
     /// Live connections of every agent of a configuration project, from every kas.
-    async fn connections_by_project_id(&self, project_id: ProjectId)
-    -> Result<Vec<ConnectedAgentInfo>, RegistryError>;
+    async fn connections_by_project_id(&self, project_id: ProjectId) -> Result<Vec<ConnectedAgentInfo>, RegistryError>;
     /// Connection events from every kas. Subscribe before looking up, so no event is missed.
     fn subscribe(&self) -> broadcast::Receiver<RegistryEvent>;
     /// Removes everything this kas wrote (graceful shutdown, last step).

@@ -18,6 +18,9 @@ use crate::tunnel::{IdleTunnel, TunnelQuery, TunnelRegistry};
 /// to ride out an agentk restart, short enough that a caller is not left hanging.
 pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(20);
 
+/// How much earlier than the caller's deadline the wait ends (at most 10% of the deadline).
+const DEADLINE_MARGIN: Duration = Duration::from_millis(50);
+
 #[derive(Clone)]
 pub struct Router {
     tunnels: TunnelRegistry,
@@ -36,7 +39,10 @@ pub struct Target {
 impl Target {
     pub fn validate(&self) -> Result<(), KasError> {
         if self.agent_id.0 <= 0 {
-            return Err(KasError::InvalidArgument(format!("agent_id must be a positive integer, got {}", self.agent_id)));
+            return Err(KasError::InvalidArgument(format!(
+                "agent_id must be a positive integer, got {}",
+                self.agent_id
+            )));
         }
         if self.connection_id.0 < 0 {
             return Err(KasError::InvalidArgument(format!(
@@ -61,7 +67,9 @@ impl Router {
     pub async fn route(&self, target: &Target, caller_deadline: Option<Duration>) -> Result<IdleTunnel, KasError> {
         target.validate()?;
         let (wait, caller_bound) = match caller_deadline {
-            Some(d) if d < self.max_wait => (d, true),
+            // End a little early: tonic's server enforces grpc-timeout too, and when it fires
+            // first the caller gets a bare CANCELLED instead of this router's explanation.
+            Some(d) if d < self.max_wait => (d.saturating_sub(DEADLINE_MARGIN.min(d / 10)), true),
             _ => (self.max_wait, false),
         };
         let started = Instant::now();
@@ -76,12 +84,20 @@ impl Router {
     }
 
     /// Finds a tunnel of a connection this kas must hold itself (KasInternal: no discovery).
-    pub async fn route_local(&self, target: &Target, caller_deadline: Option<Duration>) -> Result<IdleTunnel, KasError> {
+    pub async fn route_local(
+        &self,
+        target: &Target,
+        caller_deadline: Option<Duration>,
+    ) -> Result<IdleTunnel, KasError> {
         target.validate()?;
         if target.connection_id.is_any() {
             return Err(KasError::InvalidArgument("connection_id is required on the internal API".into()));
         }
-        let here = self.tunnels.has_connection(target.agent_id, target.connection_id).await.map_err(|_| KasError::ShuttingDown)?;
+        let here = self
+            .tunnels
+            .has_connection(target.agent_id, target.connection_id)
+            .await
+            .map_err(|_| KasError::ShuttingDown)?;
         if !here {
             return Err(KasError::NotHere { agent_id: target.agent_id, connection_id: target.connection_id });
         }
@@ -93,7 +109,9 @@ impl Router {
             return KasError::DeadlineExceeded { agent_id: target.agent_id, waited };
         }
         let connected = match self.registry.connections_by_agent_id(target.agent_id).await {
-            Ok(conns) => conns.iter().any(|c| target.connection_id.is_any() || c.connection_id == target.connection_id.0),
+            Ok(conns) => {
+                conns.iter().any(|c| target.connection_id.is_any() || c.connection_id == target.connection_id.0)
+            }
             Err(e) => {
                 tracing::warn!(agent_id = %target.agent_id, error = %e, "registry lookup failed after waiting");
                 false

@@ -7,7 +7,7 @@ use futures::StreamExt;
 use kas_proto::kas::{ConnectedAgentInfo, KasAddress};
 use kas_proto::tunnel::FrameOrder;
 use kas_proto::tunnel::pb::agent_tunnel_server::AgentTunnel;
-use kas_proto::tunnel::pb::{self, ConnectRequest, ConnectResponse, ConfigurationRequest, connect_request};
+use kas_proto::tunnel::pb::{self, ConfigurationRequest, ConnectRequest, ConnectResponse, connect_request};
 use kas_proto::{AgentId, ConnectionId};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -36,8 +36,9 @@ pub struct AgentService {
 
 impl AgentService {
     async fn authenticate<T>(&self, request: &Request<T>) -> Result<AgentIdentity, Status> {
-        let token = kas_proto::metadata::bearer_token(super::authorization(request.metadata()))
-            .ok_or_else(|| Status::unauthenticated("missing agent token: expected \"authorization: Bearer <agent token>\""))?;
+        let token = kas_proto::metadata::bearer_token(super::authorization(request.metadata())).ok_or_else(|| {
+            Status::unauthenticated("missing agent token: expected \"authorization: Bearer <agent token>\"")
+        })?;
         Ok(self.verifier.verify(token).await?)
     }
 }
@@ -111,7 +112,10 @@ impl AgentTunnel for AgentService {
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
-    async fn connect(&self, request: Request<Streaming<ConnectRequest>>) -> Result<Response<Self::ConnectStream>, Status> {
+    async fn connect(
+        &self,
+        request: Request<Streaming<ConnectRequest>>,
+    ) -> Result<Response<Self::ConnectStream>, Status> {
         let agent = self.authenticate(&request).await?;
         let mut inbound = request.into_inner();
         let first = match tokio::time::timeout(DESCRIPTOR_TIMEOUT, inbound.message()).await {

@@ -40,7 +40,9 @@ mod tests {
     fn parses_grpc_timeout() {
         let mut md = MetadataMap::new();
         assert_eq!(grpc_timeout(&md), None);
-        for (v, d) in [("100m", Duration::from_millis(100)), ("2S", Duration::from_secs(2)), ("1H", Duration::from_secs(3600))] {
+        for (v, d) in
+            [("100m", Duration::from_millis(100)), ("2S", Duration::from_secs(2)), ("1H", Duration::from_secs(3600))]
+        {
             md.insert("grpc-timeout", v.parse().unwrap());
             assert_eq!(grpc_timeout(&md), Some(d), "{v}");
         }

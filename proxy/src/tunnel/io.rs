@@ -77,10 +77,7 @@ impl TunnelIo {
     pub async fn send(&mut self, frame: ConnectResponse) -> Result<(), KasError> {
         let kind = frame.kind().map_err(|e| KasError::Internal(e.to_string()))?;
         self.order.request(kind).map_err(|e| KasError::Internal(e.to_string()))?;
-        self.to_agent
-            .send(Ok(frame))
-            .await
-            .map_err(|_| KasError::Tunnel("agentk closed the tunnel".into()))
+        self.to_agent.send(Ok(frame)).await.map_err(|_| KasError::Tunnel("agentk closed the tunnel".into()))
     }
 
     /// Receives one frame from agentk; `None` when agentk ended the stream. An out-of-order frame

@@ -13,7 +13,7 @@ use kas_proto::{AgentId, ConnectionId};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-pub use io::{TunnelIo, ToAgent};
+pub use io::{ToAgent, TunnelIo};
 
 /// What a request needs from a tunnel.
 #[derive(Debug, Clone, PartialEq, Eq)]

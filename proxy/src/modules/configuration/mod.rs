@@ -44,22 +44,10 @@ impl AgentConfigDocument {
     pub fn to_response(&self) -> pb::ConfigurationResponse {
         let configuration = self.to_proto();
         let digest = Sha256::digest(configuration.encode_to_vec());
-        pb::ConfigurationResponse { configuration: Some(configuration), commit_id: format!("static-{}", hex::encode(&digest[..10])) }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn strict_parsing_and_stable_commit() {
-        let d: AgentConfigDocument = serde_norway::from_str("observability:\n  logging:\n    level: debug\n").unwrap();
-        assert_eq!(d.to_proto().observability.unwrap().logging.unwrap().level, "debug");
-        assert_eq!(d.to_response().commit_id, d.to_response().commit_id);
-        assert_ne!(d.to_response().commit_id, AgentConfigDocument::default().to_response().commit_id);
-        let e = serde_norway::from_str::<AgentConfigDocument>("observability:\n  loging: {}\n").unwrap_err();
-        assert!(e.to_string().contains("unknown field `loging`"));
+        pb::ConfigurationResponse {
+            configuration: Some(configuration),
+            commit_id: format!("static-{}", hex::encode(&digest[..10])),
+        }
     }
 }
 
@@ -80,5 +68,20 @@ impl ConfigurationSource for crate::auth::StaticAgents {
         agent: &crate::auth::AgentIdentity,
     ) -> Result<pb::ConfigurationResponse, crate::error::KasError> {
         Ok(crate::auth::StaticAgents::configuration(self, agent.agent_id).to_response())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strict_parsing_and_stable_commit() {
+        let d: AgentConfigDocument = serde_norway::from_str("observability:\n  logging:\n    level: debug\n").unwrap();
+        assert_eq!(d.to_proto().observability.unwrap().logging.unwrap().level, "debug");
+        assert_eq!(d.to_response().commit_id, d.to_response().commit_id);
+        assert_ne!(d.to_response().commit_id, AgentConfigDocument::default().to_response().commit_id);
+        let e = serde_norway::from_str::<AgentConfigDocument>("observability:\n  loging: {}\n").unwrap_err();
+        assert!(e.to_string().contains("unknown field `loging`"));
     }
 }

@@ -1,0 +1,256 @@
+//! agentk's lifecycle: connect to kas, hold `GetConfiguration` (presence) and a tunnel pool,
+//! reconnect with backoff, drain on shutdown. Tests run agentk through exactly this path.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kas_proto::ConnectionId;
+use kas_proto::tunnel::pb::agent_tunnel_client::AgentTunnelClient;
+use kas_proto::tunnel::pb::{self, AgentMeta, ConfigurationRequest};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+
+use crate::backoff::Backoff;
+use crate::config::{AgentConfig, KubeSource};
+use crate::modules::{self, Module};
+use crate::pool::{self, PoolContext, PoolStats};
+
+/// First reconnect delay ceiling, and the cap (full jitter below it).
+const RECONNECT_BASE: Duration = Duration::from_millis(200);
+const RECONNECT_CAP: Duration = Duration::from_secs(30);
+/// A connection that lasted this long was healthy: the next failure starts backoff afresh.
+const HEALTHY_AFTER: Duration = Duration::from_secs(30);
+/// HTTP/2 pings: notice a dead kas in seconds, not when TCP gives up.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error("cannot read {what} {path}: {source}")]
+    ReadFile { what: &'static str, path: String, source: std::io::Error },
+    #[error("token file {0} is empty")]
+    EmptyToken(String),
+    #[error("invalid kas address {address}: {message}")]
+    KasAddress { address: String, message: String },
+    #[error("Kubernetes client configuration: {0}")]
+    Kube(String),
+}
+
+/// Called with each configuration kas sends (e.g. to change the log level).
+pub type ConfigurationObserver = Arc<dyn Fn(&pb::AgentConfiguration) + Send + Sync>;
+
+/// What agentk exposes while running (readiness, tests).
+#[derive(Clone, Debug)]
+pub struct Status {
+    pub connected: watch::Receiver<Option<ConnectionId>>,
+    pub pool: watch::Receiver<PoolStats>,
+    pub configuration: watch::Receiver<Option<pb::ConfigurationResponse>>,
+}
+
+impl Status {
+    /// Ready: connected to kas with at least one idle tunnel.
+    pub fn is_ready(&self) -> bool {
+        self.connected.borrow().is_some() && self.pool.borrow().idle > 0
+    }
+}
+
+pub struct App {
+    config: AgentConfig,
+    token: Arc<str>,
+    channel: Channel,
+    modules: Arc<[Arc<dyn Module>]>,
+    observer: Option<ConfigurationObserver>,
+    connected: watch::Sender<Option<ConnectionId>>,
+    pool_stats: watch::Sender<PoolStats>,
+    configuration: watch::Sender<Option<pb::ConfigurationResponse>>,
+}
+
+async fn kube_client(source: &KubeSource) -> Result<kube::Client, AgentError> {
+    let config = match source {
+        KubeSource::InCluster => kube::Config::incluster().map_err(|e| AgentError::Kube(e.to_string()))?,
+        KubeSource::Kubeconfig(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| AgentError::Kube(e.to_string()))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| AgentError::Kube(e.to_string()))?
+        }
+        KubeSource::Config(c) => (**c).clone(),
+    };
+    kube::Client::try_from(config).map_err(|e| AgentError::Kube(e.to_string()))
+}
+
+fn read_file(what: &'static str, path: &std::path::Path) -> Result<Vec<u8>, AgentError> {
+    std::fs::read(path).map_err(|source| AgentError::ReadFile { what, path: path.display().to_string(), source })
+}
+
+fn endpoint(config: &AgentConfig) -> Result<Endpoint, AgentError> {
+    let bad = |message: String| AgentError::KasAddress { address: config.kas_address.clone(), message };
+    let (uri, tls) = if let Some(rest) = config.kas_address.strip_prefix("grpcs://") {
+        (format!("https://{rest}"), true)
+    } else if let Some(rest) = config.kas_address.strip_prefix("grpc://") {
+        (format!("http://{rest}"), false)
+    } else {
+        return Err(bad("expected grpc:// or grpcs://".into()));
+    };
+    let mut ep = Endpoint::from_shared(uri)
+        .map_err(|e| bad(e.to_string()))?
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .keep_alive_while_idle(true)
+        .connect_timeout(CONNECT_TIMEOUT)
+        .tcp_nodelay(true);
+    if tls {
+        let mut tls_config = ClientTlsConfig::new().with_native_roots();
+        if let Some(ca) = &config.ca_cert_file {
+            tls_config = tls_config.ca_certificate(Certificate::from_pem(read_file("CA certificate file", ca)?));
+        }
+        ep = ep.tls_config(tls_config).map_err(|e| bad(e.to_string()))?;
+    } else if config.ca_cert_file.is_some() {
+        return Err(bad("--ca-cert-file needs a grpcs:// address".into()));
+    }
+    Ok(ep)
+}
+
+impl App {
+    /// Validates the configuration, reads the token and builds the Kubernetes client.
+    pub async fn new(config: AgentConfig) -> Result<Self, AgentError> {
+        config.validate()?;
+        let token_text = read_file("token file", &config.token_file)?;
+        let token = String::from_utf8_lossy(&token_text).trim().to_owned();
+        if token.is_empty() {
+            return Err(AgentError::EmptyToken(config.token_file.display().to_string()));
+        }
+        let channel = endpoint(&config)?.connect_lazy();
+        let kube = kube_client(&config.kube).await?;
+        Ok(Self {
+            config,
+            token: token.into(),
+            channel,
+            modules: modules::all(kube).into(),
+            observer: None,
+            connected: watch::channel(None).0,
+            pool_stats: watch::channel(PoolStats::default()).0,
+            configuration: watch::channel(None).0,
+        })
+    }
+
+    pub fn with_configuration_observer(mut self, observer: ConfigurationObserver) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
+    pub fn status(&self) -> Status {
+        Status {
+            connected: self.connected.subscribe(),
+            pool: self.pool_stats.subscribe(),
+            configuration: self.configuration.subscribe(),
+        }
+    }
+
+    /// Runs until `shutdown`; then stops taking requests, lets in-flight ones finish within the
+    /// grace period, and returns.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let stop_all = CancellationToken::new();
+        let in_flight = TaskTracker::new();
+        let mut backoff = Backoff::new(RECONNECT_BASE, RECONNECT_CAP);
+        let mut last_commit = String::new();
+        while !shutdown.is_cancelled() {
+            let started = Instant::now();
+            match self.session(&shutdown, &stop_all, &in_flight, &mut last_commit).await {
+                Ok(()) => tracing::info!("kas ended the connection; reconnecting"),
+                Err(status) => {
+                    tracing::warn!(code = ?status.code(), error = %status.message(), "connection to kas failed")
+                }
+            }
+            if started.elapsed() >= HEALTHY_AFTER {
+                backoff.reset();
+            }
+            let delay = backoff.next_delay();
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                () = tokio::time::sleep(delay) => {}
+            }
+        }
+        in_flight.close();
+        if tokio::time::timeout(self.config.grace_period, in_flight.wait()).await.is_err() {
+            tracing::warn!("grace period over: cancelling in-flight requests");
+            stop_all.cancel();
+            in_flight.wait().await;
+        }
+        tracing::info!("agentk stopped");
+    }
+
+    /// One kas connection: presence stream plus tunnel pool, until either ends.
+    async fn session(
+        &self,
+        shutdown: &CancellationToken,
+        stop_all: &CancellationToken,
+        in_flight: &TaskTracker,
+        last_commit: &mut String,
+    ) -> Result<(), tonic::Status> {
+        let connection_id = ConnectionId::random();
+        let mut client = AgentTunnelClient::new(self.channel.clone());
+        let request = ConfigurationRequest {
+            connection_id: connection_id.0,
+            agent_meta: Some(AgentMeta {
+                version: crate::VERSION.into(),
+                commit: crate::COMMIT.into(),
+                pod_namespace: self.config.pod_namespace.clone(),
+                pod_name: self.config.pod_name.clone(),
+            }),
+            commit_id: last_commit.clone(),
+        };
+        let mut req = tonic::Request::new(request);
+        if let Ok(v) = format!("Bearer {}", self.token).parse() {
+            req.metadata_mut().insert(kas_proto::metadata::AUTHORIZATION, v);
+        }
+        let mut stream = tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            r = client.get_configuration(req) => r?.into_inner(),
+        };
+        tracing::info!(%connection_id, kas = %self.config.kas_address, "connected to kas");
+        let stop_idle = shutdown.child_token();
+        let pool = tokio::spawn(pool::run(PoolContext {
+            channel: self.channel.clone(),
+            token: self.token.clone(),
+            connection_id,
+            modules: self.modules.clone(),
+            stop_idle: stop_idle.clone(),
+            stop_all: stop_all.clone(),
+            in_flight: in_flight.clone(),
+            min_idle: self.config.min_idle_tunnels,
+            max: self.config.max_tunnels,
+            stats: self.pool_stats.clone(),
+        }));
+        self.connected.send_replace(Some(connection_id));
+        let result = loop {
+            let message = tokio::select! {
+                () = shutdown.cancelled() => break Ok(()),
+                m = stream.message() => m,
+            };
+            match message {
+                Ok(Some(update)) => {
+                    tracing::info!(commit_id = %update.commit_id, "received agent configuration");
+                    if let (Some(observer), Some(c)) = (&self.observer, &update.configuration) {
+                        observer(c);
+                    }
+                    last_commit.clone_from(&update.commit_id);
+                    self.configuration.send_replace(Some(update));
+                }
+                Ok(None) => break Ok(()),
+                Err(status) => break Err(status),
+            }
+        };
+        self.connected.send_replace(None);
+        // Idle tunnels end now; in-use ones finish (tracked by `in_flight`).
+        stop_idle.cancel();
+        let _ = pool.await;
+        result
+    }
+}

@@ -1,0 +1,135 @@
+//! agentk flags (and their environment variables) and the resolved configuration.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Idle tunnels kept open: enough that a request rarely waits for a new one.
+pub const DEFAULT_MIN_IDLE_TUNNELS: usize = 2;
+/// Upper bound on concurrently open tunnels (idle + in use) per agentk process.
+pub const DEFAULT_MAX_TUNNELS: usize = 500;
+/// In-flight requests get this long to finish on SIGTERM (below Kubernetes' default 30 s).
+pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(20);
+
+#[derive(Debug, Clone, clap::Parser)]
+#[command(
+    name = "agentk",
+    version,
+    about = "agentk: keeps reverse tunnels open to kas and serves requests in the cluster"
+)]
+pub struct Args {
+    /// kas agent listener: grpc://host:port or grpcs://host:port.
+    #[arg(long, env = "AGENTK_KAS_ADDRESS")]
+    pub kas_address: String,
+    /// File holding the agent token.
+    #[arg(long, env = "AGENTK_TOKEN_FILE")]
+    pub token_file: PathBuf,
+    /// PEM CA certificate(s) to trust for grpcs:// (default: system roots).
+    #[arg(long, env = "AGENTK_CA_CERT_FILE")]
+    pub ca_cert_file: Option<PathBuf>,
+    /// Use this kubeconfig instead of the in-cluster service account (development).
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Idle tunnels to keep open.
+    #[arg(long, default_value_t = DEFAULT_MIN_IDLE_TUNNELS)]
+    pub min_idle_tunnels: usize,
+    /// Maximum open tunnels (idle + in use).
+    #[arg(long, default_value_t = DEFAULT_MAX_TUNNELS)]
+    pub max_tunnels: usize,
+    /// How long in-flight requests may run after SIGTERM.
+    #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
+    pub grace_period: Duration,
+    /// Pod name (from the downward API).
+    #[arg(long, env = "POD_NAME", default_value = "")]
+    pub pod_name: String,
+    /// Pod namespace (from the downward API).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "")]
+    pub pod_namespace: String,
+    /// Log filter, e.g. `info` or `agentk=debug`. The agent configuration may override it.
+    #[arg(long, env = "AGENTK_LOG", default_value = "info")]
+    pub log: String,
+}
+
+/// How agentk reaches the Kubernetes API.
+#[derive(Clone)]
+pub enum KubeSource {
+    /// The pod's service account (token and CA mounted by Kubernetes).
+    InCluster,
+    /// A kubeconfig file (its current context).
+    Kubeconfig(PathBuf),
+    /// A ready configuration (tests).
+    Config(Box<kube::Config>),
+}
+
+impl std::fmt::Debug for KubeSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::InCluster => f.write_str("InCluster"),
+            Self::Kubeconfig(p) => write!(f, "Kubeconfig({})", p.display()),
+            Self::Config(c) => write!(f, "Config({})", c.cluster_url),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub kas_address: String,
+    pub token_file: PathBuf,
+    pub ca_cert_file: Option<PathBuf>,
+    pub kube: KubeSource,
+    pub min_idle_tunnels: usize,
+    pub max_tunnels: usize,
+    pub grace_period: Duration,
+    pub pod_name: String,
+    pub pod_namespace: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("--kas-address must start with grpc:// or grpcs://, got \"{0}\"")]
+    KasAddress(String),
+    #[error("--min-idle-tunnels ({min}) must be at least 1 and at most --max-tunnels ({max})")]
+    Pool { min: usize, max: usize },
+}
+
+impl AgentConfig {
+    pub fn from_args(args: &Args) -> Result<Self, ConfigError> {
+        let config = Self {
+            kas_address: args.kas_address.clone(),
+            token_file: args.token_file.clone(),
+            ca_cert_file: args.ca_cert_file.clone(),
+            kube: args.kubeconfig.clone().map_or(KubeSource::InCluster, KubeSource::Kubeconfig),
+            min_idle_tunnels: args.min_idle_tunnels,
+            max_tunnels: args.max_tunnels,
+            grace_period: args.grace_period,
+            pod_name: args.pod_name.clone(),
+            pod_namespace: args.pod_namespace.clone(),
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// A config with defaults, for embedding agentk (tests).
+    pub fn new(kas_address: impl Into<String>, token_file: impl Into<PathBuf>, kube: KubeSource) -> Self {
+        Self {
+            kas_address: kas_address.into(),
+            token_file: token_file.into(),
+            ca_cert_file: None,
+            kube,
+            min_idle_tunnels: DEFAULT_MIN_IDLE_TUNNELS,
+            max_tunnels: DEFAULT_MAX_TUNNELS,
+            grace_period: DEFAULT_GRACE_PERIOD,
+            pod_name: String::new(),
+            pod_namespace: String::new(),
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !(self.kas_address.starts_with("grpc://") || self.kas_address.starts_with("grpcs://")) {
+            return Err(ConfigError::KasAddress(self.kas_address.clone()));
+        }
+        if self.min_idle_tunnels == 0 || self.min_idle_tunnels > self.max_tunnels {
+            return Err(ConfigError::Pool { min: self.min_idle_tunnels, max: self.max_tunnels });
+        }
+        Ok(())
+    }
+}

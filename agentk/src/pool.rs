@@ -1,0 +1,187 @@
+//! The tunnel pool of one kas connection: keeps `min_idle` idle tunnels open (at most `max`
+//! in total) and replaces a tunnel as soon as it takes a request, off the request's path.
+//! The pool task alone owns the counts; tunnel tasks report to it over a channel.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kas_proto::ConnectionId;
+use kas_proto::tunnel::pb::agent_tunnel_client::AgentTunnelClient;
+use kas_proto::tunnel::pb::{self, ConnectRequest, connect_response};
+use kas_proto::tunnel::{FrameOrder, ResponseFrame};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tonic::transport::Channel;
+
+use crate::backoff::Backoff;
+use crate::modules::Module;
+use crate::tunnel;
+
+/// Frames buffered towards kas per tunnel; HTTP/2 flow control does the rest.
+const TUNNEL_SEND_BUFFER: usize = 16;
+
+#[derive(Clone)]
+pub struct PoolContext {
+    pub channel: Channel,
+    pub token: Arc<str>,
+    pub connection_id: ConnectionId,
+    pub modules: Arc<[Arc<dyn Module>]>,
+    /// Ends idle tunnels (the connection ended or agentk is stopping).
+    pub stop_idle: CancellationToken,
+    /// Ends in-use tunnels too (grace period over).
+    pub stop_all: CancellationToken,
+    /// Tracks in-use tunnels, so shutdown can wait for them.
+    pub in_flight: TaskTracker,
+    pub min_idle: usize,
+    pub max: usize,
+    /// Published counts (readiness, tests).
+    pub stats: watch::Sender<PoolStats>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    pub idle: usize,
+    pub in_use: usize,
+}
+
+enum Event {
+    /// A tunnel got its request.
+    Busy,
+    /// A tunnel ended while idle; `failed` when it could not be opened or kas rejected it.
+    EndedIdle { failed: bool },
+    /// A tunnel finished its request.
+    EndedBusy,
+}
+
+pub async fn run(ctx: PoolContext) {
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    let mut idle = 0usize;
+    let mut in_use = 0usize;
+    // Opening failures back off so a kas that rejects tunnels is not hammered.
+    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
+    let mut retry_at: Option<tokio::time::Instant> = None;
+    loop {
+        if retry_at.is_none_or(|t| t <= tokio::time::Instant::now()) {
+            retry_at = None;
+            while idle < ctx.min_idle && idle + in_use < ctx.max {
+                idle += 1;
+                spawn_tunnel(ctx.clone(), events_tx.clone());
+            }
+        }
+        ctx.stats.send_replace(PoolStats { idle, in_use });
+        let sleep_until = retry_at.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
+        tokio::select! {
+            () = ctx.stop_idle.cancelled() => break,
+            () = tokio::time::sleep_until(sleep_until), if retry_at.is_some() => {}
+            ev = events.recv() => match ev {
+                Some(Event::Busy) => {
+                    idle = idle.saturating_sub(1);
+                    in_use += 1;
+                    backoff.reset();
+                }
+                Some(Event::EndedIdle { failed }) => {
+                    idle = idle.saturating_sub(1);
+                    if failed {
+                        retry_at = Some(tokio::time::Instant::now() + backoff.next_delay());
+                    }
+                }
+                Some(Event::EndedBusy) => in_use = in_use.saturating_sub(1),
+                None => break,
+            },
+        }
+    }
+    ctx.stats.send_replace(PoolStats { idle: 0, in_use });
+}
+
+fn spawn_tunnel(ctx: PoolContext, events: mpsc::UnboundedSender<Event>) {
+    tokio::spawn(async move {
+        let outcome = open_and_serve(&ctx, &events).await;
+        let _ = events.send(outcome);
+    });
+}
+
+fn authorized<T>(message: T, token: &str) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(message);
+    if let Ok(v) = format!("Bearer {token}").parse() {
+        req.metadata_mut().insert(kas_proto::metadata::AUTHORIZATION, v);
+    }
+    req
+}
+
+async fn open_and_serve(ctx: &PoolContext, events: &mpsc::UnboundedSender<Event>) -> Event {
+    let methods: Vec<String> = ctx.modules.iter().flat_map(|m| m.methods().iter().map(|s| (*s).to_owned())).collect();
+    let (outbound, rx) = mpsc::channel::<ConnectRequest>(TUNNEL_SEND_BUFFER);
+    let mut order = FrameOrder::new();
+    if order.response(ResponseFrame::Descriptor).is_err()
+        || outbound
+            .try_send(ConnectRequest::descriptor(pb::Descriptor { connection_id: ctx.connection_id.0, methods }))
+            .is_err()
+    {
+        return Event::EndedIdle { failed: true };
+    }
+    let mut client = AgentTunnelClient::new(ctx.channel.clone());
+    let opened = tokio::select! {
+        () = ctx.stop_idle.cancelled() => return Event::EndedIdle { failed: false },
+        r = client.connect(authorized(ReceiverStream::new(rx), &ctx.token)) => r,
+    };
+    let mut inbound = match opened {
+        Ok(r) => r.into_inner(),
+        Err(status) => {
+            tracing::debug!(code = ?status.code(), error = %status.message(), "opening a tunnel failed");
+            return Event::EndedIdle { failed: true };
+        }
+    };
+    let first = tokio::select! {
+        () = ctx.stop_idle.cancelled() => return Event::EndedIdle { failed: false },
+        m = inbound.message() => m,
+    };
+    let frame = match first {
+        Ok(Some(frame)) => frame,
+        // kas closed an idle tunnel (it is shutting down): not a failure.
+        Ok(None) => return Event::EndedIdle { failed: false },
+        Err(status) => {
+            tracing::debug!(code = ?status.code(), error = %status.message(), "idle tunnel ended");
+            return Event::EndedIdle { failed: status.code() != tonic::Code::Cancelled };
+        }
+    };
+    let _ = events.send(Event::Busy);
+    let checked = frame.kind().and_then(|k| order.request(k));
+    let info = match (checked, frame.msg) {
+        (Ok(()), Some(connect_response::Msg::RequestInfo(info))) => info,
+        (Err(violation), _) => {
+            tracing::warn!(error = %violation, "kas broke the tunnel protocol");
+            return Event::EndedBusy;
+        }
+        _ => return Event::EndedBusy,
+    };
+    let by_method: HashMap<&str, &Arc<dyn Module>> =
+        ctx.modules.iter().flat_map(|m| m.methods().iter().map(move |name| (*name, m))).collect();
+    let module = by_method.get(info.method.as_str()).map(|m| (*m).clone());
+    let method = info.method.clone();
+    let (mut request, responder) = tunnel::split(info, inbound, outbound, order);
+    let stop_all = ctx.stop_all.clone();
+    ctx.in_flight
+        .track_future(async move {
+            let serve = async {
+                match module {
+                    Some(module) => module.handle(&mut request, &responder).await,
+                    None => {
+                        let status = tonic::Status::unimplemented(format!("agentk does not serve {method}"));
+                        let _ = responder.error(&status).await;
+                    }
+                }
+                // Half-close our side, then wait for kas to end the tunnel.
+                drop(responder);
+                request.finish().await;
+            };
+            tokio::select! {
+                () = serve => {}
+                () = stop_all.cancelled() => tracing::warn!(%method, "request cancelled: shutdown grace period over"),
+            }
+        })
+        .await;
+    Event::EndedBusy
+}

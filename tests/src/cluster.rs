@@ -1,0 +1,289 @@
+//! `Cluster`: N kas (sharing one registry store) and any number of agentk, in-process on
+//! ephemeral ports, with a fake Kubernetes API server and generated secrets.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kas::auth::agent_token::{StaticAgent, StaticAgentsFile, token_sha256_hex};
+use kas::auth::jwt::{GITLAB_ISSUER, KAS_AUDIENCE, KAS_ISSUER};
+use kas::auth::{Secret, mint_jwt};
+use kas::modules::configuration::AgentConfigDocument;
+use kas::registry::AgentRegistry;
+use kas::registry::memory::{MemoryRegistry, MemoryStore};
+use kas_proto::kas::kas_api_client::KasApiClient;
+use kas_proto::kas::kas_internal_client::KasInternalClient;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+use crate::fake_kube::FakeKube;
+
+/// An agent in the static agents file of the cluster.
+#[derive(Debug, Clone)]
+pub struct TestAgent {
+    pub id: i64,
+    pub project_id: i64,
+    pub token: String,
+    pub token_file: PathBuf,
+    pub configuration: Option<AgentConfigDocument>,
+}
+
+pub struct ClusterBuilder {
+    kas_count: usize,
+    agents: Vec<(i64, i64, Option<AgentConfigDocument>)>,
+    max_wait: Duration,
+}
+
+impl Default for ClusterBuilder {
+    fn default() -> Self {
+        Self { kas_count: 1, agents: vec![(1, 10, None)], max_wait: Duration::from_secs(10) }
+    }
+}
+
+impl ClusterBuilder {
+    pub fn kas(mut self, n: usize) -> Self {
+        self.kas_count = n;
+        self
+    }
+
+    /// Replaces the agents: (agent id, project id).
+    pub fn agents(mut self, agents: &[(i64, i64)]) -> Self {
+        self.agents = agents.iter().map(|&(a, p)| (a, p, None)).collect();
+        self
+    }
+
+    /// Gives an agent a configuration in the static agents file.
+    pub fn agent_configuration(mut self, agent_id: i64, doc: AgentConfigDocument) -> Self {
+        if let Some(a) = self.agents.iter_mut().find(|a| a.0 == agent_id) {
+            a.2 = Some(doc);
+        }
+        self
+    }
+
+    /// kas's routing.max_wait.
+    pub fn max_wait(mut self, d: Duration) -> Self {
+        self.max_wait = d;
+        self
+    }
+
+    pub async fn start(self) -> Cluster {
+        crate::init_test_logging();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let gitlab_secret = Secret::generate();
+        let internal_secret = Secret::generate();
+        let gitlab_secret_file = dir.path().join("gitlab-secret");
+        let internal_secret_file = dir.path().join("internal-secret");
+        std::fs::write(&gitlab_secret_file, gitlab_secret.to_file_text()).expect("write");
+        std::fs::write(&internal_secret_file, internal_secret.to_file_text()).expect("write");
+        let mut agents = Vec::new();
+        let mut file = StaticAgentsFile::default();
+        for (id, project_id, configuration) in self.agents {
+            let token = format!("agent-token-{id}-{}", rand::random::<u64>());
+            let token_file = dir.path().join(format!("agent-{id}-token"));
+            std::fs::write(&token_file, &token).expect("write");
+            file.agents.push(StaticAgent {
+                id,
+                name: format!("agent-{id}"),
+                project_id,
+                token_sha256: token_sha256_hex(&token),
+                configuration: configuration.clone(),
+            });
+            agents.push(TestAgent { id, project_id, token, token_file, configuration });
+        }
+        let agents_file = dir.path().join("agents.yaml");
+        file.save(&agents_file).expect("save agents");
+        let kube = FakeKube::start().await;
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(&kubeconfig, kube.kubeconfig()).expect("write kubeconfig");
+
+        let mut config = kas::Config::default();
+        for l in [&mut config.listeners.agent, &mut config.listeners.api, &mut config.listeners.internal] {
+            l.address = "127.0.0.1:0".into();
+        }
+        config.gitlab.authentication_secret_file = Some(gitlab_secret_file);
+        config.kas_internal.authentication_secret_file = Some(internal_secret_file);
+        config.agents.static_file = Some(agents_file);
+        config.routing.max_wait = self.max_wait;
+        config.shutdown.grace_period = Duration::from_secs(5);
+
+        let mut cluster = Cluster {
+            dir,
+            config,
+            store: MemoryStore::default(),
+            gitlab_secret,
+            internal_secret,
+            agents,
+            kube,
+            kubeconfig,
+            kas: Vec::new(),
+        };
+        for _ in 0..self.kas_count {
+            let k = cluster.start_kas().await;
+            cluster.kas.push(k);
+        }
+        cluster
+    }
+}
+
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    pub config: kas::Config,
+    pub store: MemoryStore,
+    pub gitlab_secret: Secret,
+    pub internal_secret: Secret,
+    pub agents: Vec<TestAgent>,
+    pub kube: FakeKube,
+    pub kubeconfig: PathBuf,
+    pub kas: Vec<KasHandle>,
+}
+
+pub struct KasHandle {
+    pub addresses: kas::Addresses,
+    pub handle: kas::Handle,
+    pub registry: Arc<dyn AgentRegistry>,
+    shutdown: CancellationToken,
+    task: Option<JoinHandle<Result<(), kas::AppError>>>,
+}
+
+impl KasHandle {
+    /// Graceful shutdown; waits until kas has stopped.
+    pub async fn stop(mut self) {
+        self.shutdown.cancel();
+        if let Some(task) = self.task.take() {
+            task.await.expect("kas task").expect("kas serve");
+        }
+    }
+}
+
+impl Drop for KasHandle {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+pub struct AgentkHandle {
+    pub status: agentk::Status,
+    shutdown: CancellationToken,
+    task: Option<JoinHandle<()>>,
+}
+
+impl AgentkHandle {
+    /// Waits until connected with at least one idle tunnel.
+    pub async fn ready(&self) {
+        crate::eventually!(self.status.is_ready(), "agentk ready");
+    }
+
+    pub fn connection_id(&self) -> Option<i64> {
+        self.status.connected.borrow().map(|c| c.0)
+    }
+
+    /// Graceful shutdown; waits until agentk has stopped.
+    pub async fn stop(mut self) {
+        self.shutdown.cancel();
+        if let Some(task) = self.task.take() {
+            task.await.expect("agentk task");
+        }
+    }
+}
+
+impl Drop for AgentkHandle {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+pub type ApiClient = KasApiClient<InterceptedService<Channel, BearerInterceptor>>;
+pub type InternalClient = KasInternalClient<InterceptedService<Channel, BearerInterceptor>>;
+
+/// Adds `authorization: Bearer <token>` to every call.
+#[derive(Clone)]
+pub struct BearerInterceptor(Option<String>);
+
+impl tonic::service::Interceptor for BearerInterceptor {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(token) = &self.0 {
+            let v = format!("Bearer {token}").parse().map_err(|_| tonic::Status::internal("bad token"))?;
+            req.metadata_mut().insert("authorization", v);
+        }
+        Ok(req)
+    }
+}
+
+pub fn channel(addr: std::net::SocketAddr) -> Channel {
+    Channel::from_shared(format!("http://{addr}")).expect("uri").connect_lazy()
+}
+
+impl Cluster {
+    pub fn builder() -> ClusterBuilder {
+        ClusterBuilder::default()
+    }
+
+    /// Starts another kas sharing the registry store (appended to `self.kas` by the caller).
+    pub async fn start_kas(&self) -> KasHandle {
+        let registry: Arc<dyn AgentRegistry> =
+            Arc::new(MemoryRegistry::with_store(self.store.clone(), self.config.registry.ttl));
+        let bound = kas::App::new(self.config.clone()).with_registry(registry.clone()).bind().await.expect("bind kas");
+        let addresses = bound.addresses();
+        let handle = bound.handle();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(bound.serve(shutdown.clone()));
+        crate::eventually!(handle.tunnel_stats().await.is_some(), "kas serving");
+        KasHandle { addresses, handle, registry, shutdown, task: Some(task) }
+    }
+
+    pub fn agent(&self, id: i64) -> &TestAgent {
+        self.agents.iter().find(|a| a.id == id).expect("agent in cluster")
+    }
+
+    /// An agentk config for `agent_id` connecting to kas number `kas`.
+    pub fn agentk_config(&self, agent_id: i64, kas: usize, pod_name: &str) -> agentk::AgentConfig {
+        let mut c = agentk::AgentConfig::new(
+            format!("grpc://{}", self.kas[kas].addresses.agent),
+            self.agent(agent_id).token_file.clone(),
+            agentk::KubeSource::Kubeconfig(self.kubeconfig.clone()),
+        );
+        c.pod_name = pod_name.to_owned();
+        c.pod_namespace = "agentk".into();
+        c.grace_period = Duration::from_secs(5);
+        c
+    }
+
+    /// Starts agentk in-process (not waiting for it to connect).
+    pub async fn start_agentk_with(&self, config: agentk::AgentConfig) -> AgentkHandle {
+        let app = agentk::App::new(config).await.expect("agentk config");
+        let status = app.status();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(app.run(shutdown.clone()));
+        AgentkHandle { status, shutdown, task: Some(task) }
+    }
+
+    /// Starts agentk for `agent_id` against kas number `kas` and waits until it is ready.
+    pub async fn start_agentk(&self, agent_id: i64, kas: usize, pod_name: &str) -> AgentkHandle {
+        let a = self.start_agentk_with(self.agentk_config(agent_id, kas, pod_name)).await;
+        a.ready().await;
+        a
+    }
+
+    pub fn gitlab_jwt(&self) -> String {
+        mint_jwt(&self.gitlab_secret, GITLAB_ISSUER, KAS_AUDIENCE, Duration::from_secs(60)).expect("jwt")
+    }
+
+    pub fn internal_jwt(&self) -> String {
+        mint_jwt(&self.internal_secret, KAS_ISSUER, KAS_AUDIENCE, Duration::from_secs(60)).expect("jwt")
+    }
+
+    /// KasApi client for kas number `kas` authenticating as GitLab.
+    pub fn api(&self, kas: usize) -> ApiClient {
+        self.api_with_token(kas, Some(self.gitlab_jwt()))
+    }
+
+    pub fn api_with_token(&self, kas: usize, token: Option<String>) -> ApiClient {
+        KasApiClient::with_interceptor(channel(self.kas[kas].addresses.api), BearerInterceptor(token))
+    }
+
+    pub fn internal_with_token(&self, kas: usize, token: Option<String>) -> InternalClient {
+        KasInternalClient::with_interceptor(channel(self.kas[kas].addresses.internal), BearerInterceptor(token))
+    }
+}
