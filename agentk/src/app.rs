@@ -51,6 +51,8 @@ pub struct Status {
     pub connected: watch::Receiver<Option<ConnectionId>>,
     pub pool: watch::Receiver<PoolStats>,
     pub configuration: watch::Receiver<Option<pb::ConfigurationResponse>>,
+    /// Connection attempts that ended in an error (rejected token, kas unreachable, ...).
+    pub failed_attempts: watch::Receiver<u64>,
 }
 
 impl Status {
@@ -69,6 +71,7 @@ pub struct App {
     connected: watch::Sender<Option<ConnectionId>>,
     pool_stats: watch::Sender<PoolStats>,
     configuration: watch::Sender<Option<pb::ConfigurationResponse>>,
+    failed_attempts: watch::Sender<u64>,
 }
 
 async fn kube_client(source: &KubeSource) -> Result<kube::Client, AgentError> {
@@ -137,6 +140,7 @@ impl App {
             connected: watch::channel(None).0,
             pool_stats: watch::channel(PoolStats::default()).0,
             configuration: watch::channel(None).0,
+            failed_attempts: watch::channel(0).0,
         })
     }
 
@@ -150,6 +154,7 @@ impl App {
             connected: self.connected.subscribe(),
             pool: self.pool_stats.subscribe(),
             configuration: self.configuration.subscribe(),
+            failed_attempts: self.failed_attempts.subscribe(),
         }
     }
 
@@ -165,7 +170,8 @@ impl App {
             match self.session(&shutdown, &stop_all, &in_flight, &mut last_commit).await {
                 Ok(()) => tracing::info!("kas ended the connection; reconnecting"),
                 Err(status) => {
-                    tracing::warn!(code = ?status.code(), error = %status.message(), "connection to kas failed")
+                    self.failed_attempts.send_modify(|n| *n += 1);
+                    tracing::warn!(code = ?status.code(), error = %status.message(), "connection to kas failed");
                 }
             }
             if started.elapsed() >= HEALTHY_AFTER {

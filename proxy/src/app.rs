@@ -12,11 +12,11 @@ use kas_proto::tunnel::pb::agent_tunnel_server::AgentTunnelServer;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Server;
+use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tonic::transport::server::TcpIncoming;
 
 use crate::auth::{JwtVerifier, Secret, StaticAgents, TokenVerifier};
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, ListenerConfig};
 use crate::modules::configuration::ConfigurationSource;
 use crate::registry::{AgentRegistry, MemoryRegistry};
 use crate::router::Router;
@@ -44,6 +44,10 @@ pub enum AppError {
     Bind { listener: &'static str, address: SocketAddr, source: std::io::Error },
     #[error("the {listener} listener failed: {source}")]
     Serve { listener: &'static str, source: tonic::transport::Error },
+    #[error("TLS of the {listener} listener: cannot read {path}: {source}")]
+    TlsFile { listener: &'static str, path: String, source: std::io::Error },
+    #[error("TLS of the {listener} listener: {source}")]
+    Tls { listener: &'static str, source: tonic::transport::Error },
 }
 
 /// kas before binding: configuration plus optional injected dependencies.
@@ -64,6 +68,33 @@ pub struct Bound {
     agents: Arc<StaticAgents>,
     registry: Arc<dyn AgentRegistry>,
     tunnels_handle: Arc<std::sync::OnceLock<TunnelRegistry>>,
+    tls: ListenerTls,
+}
+
+/// TLS identities read at bind time, so a bad certificate fails startup, not the first call.
+#[derive(Default)]
+struct ListenerTls {
+    agent: Option<ServerTlsConfig>,
+    api: Option<ServerTlsConfig>,
+    internal: Option<ServerTlsConfig>,
+}
+
+fn load_tls(listener: &'static str, config: &ListenerConfig) -> Result<Option<ServerTlsConfig>, AppError> {
+    let Some(tls) = &config.tls else { return Ok(None) };
+    let read = |p: &std::path::Path| {
+        std::fs::read(p).map_err(|source| AppError::TlsFile { listener, path: p.display().to_string(), source })
+    };
+    let identity = Identity::from_pem(read(&tls.certificate_file)?, read(&tls.key_file)?);
+    Ok(Some(ServerTlsConfig::new().identity(identity)))
+}
+
+/// A server builder for one listener, with TLS when configured.
+fn builder(listener: &'static str, tls: Option<ServerTlsConfig>) -> Result<Server, AppError> {
+    let builder = Server::builder();
+    match tls {
+        Some(tls) => builder.tls_config(tls).map_err(|source| AppError::Tls { listener, source }),
+        None => Ok(builder),
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -105,6 +136,11 @@ impl App {
         let internal_secret = Secret::from_file(&required(&config.kas_internal.authentication_secret_file))?;
         let agents = Arc::new(StaticAgents::from_file(&required(&config.agents.static_file))?);
         let registry = self.registry.unwrap_or_else(|| Arc::new(MemoryRegistry::new(config.registry.ttl)));
+        let tls = ListenerTls {
+            agent: load_tls("agent", &config.listeners.agent)?,
+            api: load_tls("api", &config.listeners.api)?,
+            internal: load_tls("internal", &config.listeners.internal)?,
+        };
 
         async fn bind(listener: &'static str, address: SocketAddr) -> Result<TcpListener, AppError> {
             TcpListener::bind(address).await.map_err(|source| AppError::Bind { listener, address, source })
@@ -135,6 +171,7 @@ impl App {
             agents,
             registry,
             tunnels_handle: Arc::default(),
+            tls,
         })
     }
 }
@@ -169,6 +206,7 @@ impl Bound {
             agents,
             registry,
             tunnels_handle,
+            tls,
         } = self;
         // Stops the tunnel registry and maintenance after the external listeners drained.
         let background = CancellationToken::new();
@@ -192,7 +230,7 @@ impl Bound {
         let incoming = |l: TcpListener| TcpIncoming::from(l).with_nodelay(Some(true));
         let mut agent_task = spawn_server(
             "agent",
-            Server::builder()
+            builder("agent", tls.agent)?
                 .http2_keepalive_interval(Some(AGENT_KEEPALIVE_INTERVAL))
                 .http2_keepalive_timeout(Some(AGENT_KEEPALIVE_TIMEOUT))
                 .add_service(AgentTunnelServer::new(agent_service))
@@ -200,7 +238,7 @@ impl Bound {
         );
         let mut api_task = spawn_server(
             "api",
-            Server::builder()
+            builder("api", tls.api)?
                 .add_service(KasApiServer::with_interceptor(
                     ApiService { router: router.clone() },
                     jwt_interceptor(JwtVerifier::gitlab(&gitlab_secret)),
@@ -209,7 +247,7 @@ impl Bound {
         );
         let mut internal_task = spawn_server(
             "internal",
-            Server::builder()
+            builder("internal", tls.internal)?
                 .add_service(KasInternalServer::with_interceptor(
                     InternalService { router },
                     jwt_interceptor(JwtVerifier::internal(&internal_secret)),

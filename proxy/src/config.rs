@@ -60,11 +60,22 @@ impl Default for ListenersConfig {
 pub struct ListenerConfig {
     /// `ip:port`; port 0 picks a free port (the bound address is logged).
     pub address: String,
+    /// Serve TLS with this certificate and key; plaintext when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsConfig>,
+}
+
+/// PEM files of a listener's certificate chain and private key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    pub certificate_file: PathBuf,
+    pub key_file: PathBuf,
 }
 
 impl ListenerConfig {
     pub fn new(address: &str) -> Self {
-        Self { address: address.to_owned() }
+        Self { address: address.to_owned(), tls: None }
     }
 }
 

@@ -30,15 +30,18 @@ pub struct TestAgent {
     pub configuration: Option<AgentConfigDocument>,
 }
 
+type ConfigEdit = Box<dyn FnOnce(&mut kas::Config, &std::path::Path)>;
+
 pub struct ClusterBuilder {
     kas_count: usize,
     agents: Vec<(i64, i64, Option<AgentConfigDocument>)>,
     max_wait: Duration,
+    edits: Vec<ConfigEdit>,
 }
 
 impl Default for ClusterBuilder {
     fn default() -> Self {
-        Self { kas_count: 1, agents: vec![(1, 10, None)], max_wait: Duration::from_secs(10) }
+        Self { kas_count: 1, agents: vec![(1, 10, None)], max_wait: Duration::from_secs(10), edits: Vec::new() }
     }
 }
 
@@ -59,6 +62,12 @@ impl ClusterBuilder {
         if let Some(a) = self.agents.iter_mut().find(|a| a.0 == agent_id) {
             a.2 = Some(doc);
         }
+        self
+    }
+
+    /// Changes kas's configuration before kas starts (given the cluster's temp dir for files).
+    pub fn configure(mut self, edit: impl FnOnce(&mut kas::Config, &std::path::Path) + 'static) -> Self {
+        self.edits.push(Box::new(edit));
         self
     }
 
@@ -107,6 +116,9 @@ impl ClusterBuilder {
         config.agents.static_file = Some(agents_file);
         config.routing.max_wait = self.max_wait;
         config.shutdown.grace_period = Duration::from_secs(5);
+        for edit in self.edits {
+            edit(&mut config, dir.path());
+        }
 
         let mut cluster = Cluster {
             dir,

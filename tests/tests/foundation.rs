@@ -289,19 +289,11 @@ async fn bad_agent_token_is_rejected() {
     std::fs::write(&bad_token, "wrong").unwrap();
     cfg.token_file = bad_token;
     let a = c.start_agentk_with(cfg).await;
-    let mut api = c.api(0);
-    for _ in 0..20 {
-        tokio::task::yield_now().await;
-    }
+    let mut attempts = a.status.failed_attempts.clone();
+    attempts.wait_for(|n| *n >= 2).await.unwrap();
     assert!(!a.status.is_ready());
-    assert!(
-        api.connected_agents_by_id(ConnectedAgentsByIdRequest { agent_id: 1 })
-            .await
-            .unwrap()
-            .into_inner()
-            .agents
-            .is_empty()
-    );
+    let mut api = c.api(0);
+    assert!(api.connected_agents_by_id(ConnectedAgentsByIdRequest { agent_id: 1 }).await.unwrap().into_inner().agents.is_empty());
 }
 
 #[tokio::test]

@@ -1,0 +1,77 @@
+//! agentk -> kas over TLS (`grpcs://` with `--ca-cert-file`), and the failures that prove the
+//! certificate is actually checked.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
+use kas_e2e::Cluster;
+use kas_proto::kas::GetPodsRequest;
+
+/// A self-signed certificate for `localhost`, written as PEM files into `dir`.
+fn write_cert(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let cert_file = dir.join("agent.crt");
+    let key_file = dir.join("agent.key");
+    std::fs::write(&cert_file, cert.cert.pem()).unwrap();
+    std::fs::write(&key_file, cert.signing_key.serialize_pem()).unwrap();
+    (cert_file, key_file)
+}
+
+#[tokio::test]
+async fn agentk_connects_over_tls_with_a_private_ca() {
+    let c = Cluster::builder()
+        .configure(|config, dir| {
+            let (certificate_file, key_file) = write_cert(dir);
+            config.listeners.agent.tls = Some(kas::config::TlsConfig { certificate_file, key_file });
+        })
+        .start()
+        .await;
+    let ca = c.dir.path().join("agent.crt");
+    let port = c.kas[0].addresses.agent.port();
+
+    // Trusting the private CA: connects and serves.
+    let mut config = c.agentk_config(1, 0, "tls");
+    config.kas_address = format!("grpcs://localhost:{port}");
+    config.ca_cert_file = Some(ca);
+    let a = c.start_agentk_with(config).await;
+    a.ready().await;
+    c.kube.add_pod("default", "over-tls");
+    let resp = c.api(0).get_pods(GetPodsRequest { agent_id: 1, connection_id: 0 }).await.unwrap().into_inner();
+    assert_eq!(resp.pods.len(), 1);
+
+    // Without the CA (system roots only), the certificate is not trusted: never connects.
+    let mut untrusting = c.agentk_config(1, 0, "no-ca");
+    untrusting.kas_address = format!("grpcs://localhost:{port}");
+    let b = c.start_agentk_with(untrusting).await;
+    b.status.failed_attempts.clone().wait_for(|n| *n >= 2).await.unwrap();
+    assert!(!b.status.is_ready());
+
+    // Plaintext against the TLS listener fails too.
+    let plain = c.start_agentk_with(c.agentk_config(1, 0, "plain")).await;
+    plain.status.failed_attempts.clone().wait_for(|n| *n >= 2).await.unwrap();
+    assert!(!plain.status.is_ready());
+}
+
+#[tokio::test]
+async fn ca_cert_file_requires_grpcs() {
+    let c = Cluster::builder().start().await;
+    let mut config = c.agentk_config(1, 0, "x");
+    config.ca_cert_file = Some(c.dir.path().join("whatever.pem"));
+    let err = agentk::App::new(config).await.err().expect("rejected");
+    assert!(err.to_string().contains("--ca-cert-file needs a grpcs:// address"), "{err}");
+}
+
+#[tokio::test]
+async fn bad_tls_files_fail_startup_with_the_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let setup = kas::standalone::ensure_dev_setup(&dir.path().join("dev")).unwrap();
+    let mut config = setup.config;
+    for l in [&mut config.listeners.agent, &mut config.listeners.api, &mut config.listeners.internal] {
+        l.address = "127.0.0.1:0".into();
+    }
+    config.listeners.api.tls = Some(kas::config::TlsConfig {
+        certificate_file: dir.path().join("missing.crt"),
+        key_file: dir.path().join("missing.key"),
+    });
+    let err = kas::App::new(config).bind().await.err().expect("bind fails");
+    let msg = err.to_string();
+    assert!(msg.contains("TLS of the api listener") && msg.contains("missing.crt"), "{msg}");
+}
