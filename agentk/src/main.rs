@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
+use tokio::signal::unix;
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::prelude::*;
 use tracing_subscriber::{EnvFilter, reload};
@@ -40,14 +41,14 @@ async fn main() -> anyhow::Result<()> {
     let app = agentk::App::new(config).await?.with_configuration_observer(observer);
     let shutdown = CancellationToken::new();
     let signal = shutdown.clone();
+    // Installed before the task is spawned: a SIGTERM that arrives before the task first runs
+    // must drain, not kill agentk (the default action).
+    let mut term = unix::signal(unix::SignalKind::terminate()).context("cannot listen for SIGTERM")?;
+    let mut interrupt = unix::signal(unix::SignalKind::interrupt()).context("cannot listen for SIGINT")?;
     tokio::spawn(async move {
-        if let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        } else {
-            let _ = tokio::signal::ctrl_c().await;
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = interrupt.recv() => {}
         }
         signal.cancel();
     });

@@ -8,6 +8,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use kas::auth::agent_token::{StaticAgent, StaticAgentsFile, generate_agent_token, token_sha256_hex};
 use kas::auth::{Secret, mint_jwt};
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
@@ -128,28 +129,25 @@ async fn run(config: Option<PathBuf>, dev_dir: PathBuf, overrides: [Option<Strin
             *address = v;
         }
     }
+    // Installed here, not in the spawned task: a SIGTERM right after "kas listening" must drain,
+    // not kill kas (the default action) because the task has not run yet.
+    let term = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
+    let interrupt = signal(SignalKind::interrupt()).context("cannot listen for SIGINT")?;
+    let shutdown = CancellationToken::new();
+    tokio::spawn(signal_shutdown(term, interrupt, shutdown.clone()));
     let bound = kas::App::new(config).bind().await?;
     if let Some(dev) = dev {
         let a = bound.addresses();
         eprintln!("\n{}", dev.instructions(&a.agent.to_string(), &a.api.to_string()));
     }
-    let shutdown = CancellationToken::new();
-    tokio::spawn(signal_shutdown(shutdown.clone()));
     bound.serve(shutdown).await?;
     Ok(())
 }
 
-async fn signal_shutdown(token: CancellationToken) {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot listen for SIGTERM");
-            return;
-        }
-    };
+async fn signal_shutdown(mut term: Signal, mut interrupt: Signal, token: CancellationToken) {
     tokio::select! {
         _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
+        _ = interrupt.recv() => {}
     }
     token.cancel();
 }
@@ -161,32 +159,28 @@ fn add_agent(
     project_id: i64,
     token_file: Option<PathBuf>,
 ) -> anyhow::Result<()> {
-    let mut file =
-        if agents_file.exists() { StaticAgentsFile::load(&agents_file)? } else { StaticAgentsFile::default() };
-    if file.agents.iter().any(|a| a.id == id) {
-        anyhow::bail!("agent id {id} is already in {}", agents_file.display());
-    }
     let token = generate_agent_token();
-    file.agents.push(StaticAgent { id, name, project_id, token_sha256: token_sha256_hex(&token), configuration: None });
-    // Validate the result the way kas will load it before writing anything.
-    let tmp = agents_file.with_extension("yaml.tmp");
-    file.save(&tmp)?;
-    StaticAgentsFile::load(&tmp)?;
-    std::fs::rename(&tmp, &agents_file).context("replacing the agents file")?;
+    let agent = StaticAgent { id, name, project_id, token_sha256: token_sha256_hex(&token), configuration: None };
+    // Validate first (nothing written on a bad request), then store the token, then register the
+    // agent: an agent registered without a saved token would be unusable.
+    let updated = StaticAgentsFile::with_added(&agents_file, agent)?;
+    if let Some(path) = &token_file {
+        use std::io::Write;
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(path)
+            .with_context(|| format!("writing {}", path.display()))?;
+        // An existing file keeps its mode on open; the token must not be readable by others.
+        f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+        writeln!(f, "{token}")?;
+    }
+    updated.save(&agents_file)?;
     match token_file {
-        Some(path) => {
-            use std::io::Write;
-            use std::os::unix::fs::OpenOptionsExt;
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&path)
-                .with_context(|| format!("writing {}", path.display()))?;
-            writeln!(f, "{token}")?;
-            eprintln!("agent {id} added; token written to {}", path.display());
-        }
+        Some(path) => eprintln!("agent {id} added; token written to {}", path.display()),
         None => println!("{token}"),
     }
     Ok(())

@@ -1,11 +1,13 @@
-//! End-to-end harness: kas and agentk in-process on ephemeral ports, a fake Kubernetes API
-//! server, and helpers to call kas the way GitLab does.
+//! End-to-end harness: kas and agentk in-process (or as real processes, see [`process`]) on
+//! ephemeral ports, a fake Kubernetes API server, and helpers to call kas the way GitLab does.
 
 pub mod cluster;
 pub mod fake_kube;
+pub mod process;
 
 pub use cluster::{AgentkHandle, Cluster, ClusterBuilder, KasHandle};
 pub use fake_kube::FakeKube;
+pub use process::{KasProcess, Process, workspace_binary};
 
 /// How long `eventually!` waits before failing a test.
 pub const EVENTUALLY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);

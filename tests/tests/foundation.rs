@@ -293,7 +293,14 @@ async fn bad_agent_token_is_rejected() {
     attempts.wait_for(|n| *n >= 2).await.unwrap();
     assert!(!a.status.is_ready());
     let mut api = c.api(0);
-    assert!(api.connected_agents_by_id(ConnectedAgentsByIdRequest { agent_id: 1 }).await.unwrap().into_inner().agents.is_empty());
+    assert!(
+        api.connected_agents_by_id(ConnectedAgentsByIdRequest { agent_id: 1 })
+            .await
+            .unwrap()
+            .into_inner()
+            .agents
+            .is_empty()
+    );
 }
 
 #[tokio::test]

@@ -87,11 +87,42 @@ impl StaticAgentsFile {
         Ok(file)
     }
 
+    /// Writes the file (0600: it names every agent) through a temporary file and a rename, so
+    /// kas never reads a half-written file.
     pub fn save(&self, path: &Path) -> Result<(), StaticAgentsError> {
+        use std::io::Write;
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        let p = path.display().to_string();
         let text = serde_norway::to_string(self)
-            .map_err(|e| StaticAgentsError::Invalid { path: path.display().to_string(), message: e.to_string() })?;
-        std::fs::write(path, text)
-            .map_err(|source| StaticAgentsError::Write { path: path.display().to_string(), source })
+            .map_err(|e| StaticAgentsError::Invalid { path: p.clone(), message: e.to_string() })?;
+        let tmp = path.with_extension("yaml.tmp");
+        let write = |source| StaticAgentsError::Write { path: p.clone(), source };
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(write)?;
+        f.set_permissions(std::fs::Permissions::from_mode(0o600)).map_err(write)?;
+        f.write_all(text.as_bytes()).map_err(write)?;
+        f.sync_all().map_err(write)?;
+        std::fs::rename(&tmp, path).map_err(write)
+    }
+
+    /// The file at `path` (empty if missing) with `agent` appended, validated as kas loads it.
+    /// Nothing is written: the caller saves it once the agent's token is safely stored.
+    pub fn with_added(path: &Path, agent: StaticAgent) -> Result<Self, StaticAgentsError> {
+        let mut file = if path.exists() { Self::load(path)? } else { Self::default() };
+        if file.agents.iter().any(|a| a.id == agent.id) {
+            return Err(StaticAgentsError::Invalid {
+                path: path.display().to_string(),
+                message: format!("agent id {} is already in the file", agent.id),
+            });
+        }
+        file.agents.push(agent);
+        file.validate().map_err(|message| StaticAgentsError::Invalid { path: path.display().to_string(), message })?;
+        Ok(file)
     }
 
     fn validate(&self) -> Result<(), String> {
