@@ -37,6 +37,8 @@ struct Inner {
     resource_version: u64,
     /// When set, every API call answers with this status (RBAC failures and the like).
     fail_with: Option<StatusCode>,
+    /// When set, every API call is answered this much later (a slow API server).
+    delay: Option<std::time::Duration>,
 }
 
 /// What the server task shares with the handle.
@@ -149,6 +151,10 @@ impl FakeKube {
         self.lock().requests.clone()
     }
 
+    pub fn delay(&self, d: Option<std::time::Duration>) {
+        self.lock().delay = d;
+    }
+
     pub fn fail_with(&self, code: Option<StatusCode>) {
         self.lock().fail_with = code;
     }
@@ -193,11 +199,14 @@ async fn record_and_authorize(State(fake): St, req: Request, next: Next) -> Resp
         query: req.uri().query().unwrap_or_default().to_owned(),
         headers: req.headers().clone(),
     };
-    let fail_with = {
+    let (fail_with, delay) = {
         let mut inner = fake.lock();
         inner.requests.push(recorded);
-        inner.fail_with
+        (inner.fail_with, inner.delay)
     };
+    if let Some(d) = delay {
+        tokio::time::sleep(d).await; // simulates a slow API server, not a synchronisation
+    }
     let expected = format!("Bearer {}", fake.token);
     let authorized = req.headers().get("authorization").and_then(|v| v.to_str().ok()) == Some(expected.as_str());
     if !authorized {

@@ -411,3 +411,31 @@ async fn api_server_errors_reach_the_caller_with_agentk_context() {
     c.kube.fail_with(None);
     c.api(0).get_pods(get_pods(1)).await.expect("works again");
 }
+
+#[tokio::test]
+async fn agentk_shutdown_finishes_in_flight_requests() {
+    let c = Cluster::builder().start().await;
+    c.kube.add_pod("default", "slow");
+    let a = c.start_agentk(1, 0, "agentk-0").await;
+    c.kube.delay(Some(Duration::from_millis(500)));
+    let mut api = c.api(0);
+    let call = tokio::spawn(async move { api.get_pods(get_pods(1)).await });
+    let kube = c.kube.clone();
+    eventually!(kube.requests().iter().any(|r| r.path == "/api/v1/pods"), "request reached the API server");
+    // SIGTERM-equivalent while the request is in flight: agentk lets it finish.
+    let stopping = tokio::spawn(a.stop());
+    let resp = call.await.unwrap().expect("in-flight request completed during shutdown").into_inner();
+    assert_eq!(resp.pods, pods(&[("default", "slow")]));
+    stopping.await.unwrap();
+    // And the agent is gone afterwards.
+    let mut api = c.api(0);
+    eventually!(
+        api.connected_agents_by_id(ConnectedAgentsByIdRequest { agent_id: 1 })
+            .await
+            .unwrap()
+            .into_inner()
+            .agents
+            .is_empty(),
+        "connection removed after agentk stopped"
+    );
+}
