@@ -12,7 +12,13 @@ pub mod tunnel;
 /// Generated code for `kas.v1`.
 pub mod kas {
     #![allow(missing_docs, clippy::all, clippy::pedantic)]
-    tonic::include_proto!("kas.v1");
+    include!(concat!(env!("OUT_DIR"), "/api/kas.v1.rs"));
+}
+
+/// Generated code for `kas.registry.v1` (what kas stores in Redis and publishes).
+pub mod registry {
+    #![allow(missing_docs, clippy::all, clippy::pedantic)]
+    include!(concat!(env!("OUT_DIR"), "/base/kas.registry.v1.rs"));
 }
 
 /// Generated code for `kas.get_pods.v1`.
@@ -23,8 +29,5 @@ pub mod get_pods {
     /// Tunnel method name of the agentk half of GetPods.
     pub const METHOD: &str = "/kas.get_pods.v1.GetPodsAgent/GetPods";
 }
-
-/// The encoded `FileDescriptorSet` of every .proto file, for reflection-style tooling and tests.
-pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kas_descriptor.bin"));
 
 pub use ids::{AgentId, ConnectionId, ProjectId};

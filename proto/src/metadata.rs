@@ -7,6 +7,12 @@ use crate::tunnel::pb::MetadataValues;
 /// The metadata key carrying `Bearer <token>` on every listener.
 pub const AUTHORIZATION: &str = "authorization";
 
+/// kas -> kas routing metadata of `KasInternal.ForwardTunnel`: the target of the request.
+/// Never forwarded to agentk (not in [`FORWARDED_METADATA`]).
+pub const HOP_AGENT_ID: &str = "kas-hop-agent-id";
+pub const HOP_CONNECTION_ID: &str = "kas-hop-connection-id";
+pub const HOP_METHOD: &str = "kas-hop-method";
+
 /// Caller metadata that kas forwards to agentk. Everything else (routing metadata, the caller's
 /// credentials, transport headers) stays in kas.
 pub const FORWARDED_METADATA: &[&str] = &["x-request-id", "user-agent"];

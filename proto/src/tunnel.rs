@@ -17,7 +17,7 @@ use std::fmt;
 /// Generated code for `kas.tunnel.v1`.
 pub mod pb {
     #![allow(missing_docs, clippy::all, clippy::pedantic)]
-    tonic::include_proto!("kas.tunnel.v1");
+    include!(concat!(env!("OUT_DIR"), "/base/kas.tunnel.v1.rs"));
 }
 
 use pb::{connect_request, connect_response};
@@ -104,6 +104,11 @@ pub struct FrameOrder {
 impl FrameOrder {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A tunnel whose Descriptor was consumed elsewhere (the gateway kas, for a forwarded one).
+    pub fn after_descriptor() -> Self {
+        Self { request: RequestState::AwaitInfo, response: ResponseState::Idle }
     }
 
     /// Records a kas -> agentk frame.

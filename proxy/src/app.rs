@@ -5,9 +5,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kas_proto::kas::KasAddress;
 use kas_proto::kas::kas_api_server::KasApiServer;
 use kas_proto::kas::kas_internal_server::KasInternalServer;
+use kas_proto::kas::{KasAddress, KasInstanceInfo};
 use kas_proto::tunnel::pb::agent_tunnel_server::AgentTunnelServer;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -18,8 +18,9 @@ use tonic::transport::{Identity, Server, ServerTlsConfig};
 use crate::auth::{JwtVerifier, Secret, StaticAgents, TokenVerifier};
 use crate::config::{Config, ConfigError, ListenerConfig};
 use crate::modules::configuration::ConfigurationSource;
-use crate::registry::{AgentRegistry, MemoryRegistry};
+use crate::registry::{AgentRegistry, MemoryRegistry, MemoryStore, RedisRegistry, new_instance_id};
 use crate::router::Router;
+use crate::router::peers::Peers;
 use crate::server::agent::AgentService;
 use crate::server::api::{ApiService, jwt_interceptor};
 use crate::server::internal::InternalService;
@@ -48,12 +49,14 @@ pub enum AppError {
     TlsFile { listener: &'static str, path: String, source: std::io::Error },
     #[error("TLS of the {listener} listener: {source}")]
     Tls { listener: &'static str, source: tonic::transport::Error },
+    #[error("agent registry: {0}")]
+    Registry(crate::registry::RegistryError),
 }
 
 /// kas before binding: configuration plus optional injected dependencies.
 pub struct App {
     config: Config,
-    registry: Option<Arc<dyn AgentRegistry>>,
+    memory_store: Option<MemoryStore>,
 }
 
 /// kas with its listeners bound (addresses known), not yet serving.
@@ -108,9 +111,15 @@ pub struct Addresses {
 #[derive(Clone)]
 pub struct Handle {
     tunnels: Arc<std::sync::OnceLock<TunnelRegistry>>,
+    registry: Arc<dyn AgentRegistry>,
 }
 
 impl Handle {
+    /// This kas's registry (its instance info, and what it reads).
+    pub fn registry(&self) -> &Arc<dyn AgentRegistry> {
+        &self.registry
+    }
+
     /// Counts of local connections, idle tunnels and parked requests (None before serving).
     pub async fn tunnel_stats(&self) -> Option<TunnelStats> {
         self.tunnels.get()?.stats().await.ok()
@@ -119,12 +128,13 @@ impl Handle {
 
 impl App {
     pub fn new(config: Config) -> Self {
-        Self { config, registry: None }
+        Self { config, memory_store: None }
     }
 
-    /// Uses this registry instead of a new in-memory one (several kas sharing a store in tests).
-    pub fn with_registry(mut self, registry: Arc<dyn AgentRegistry>) -> Self {
-        self.registry = Some(registry);
+    /// Uses this in-memory store (shared by several kas in one process, for tests) when no
+    /// Redis is configured.
+    pub fn with_memory_store(mut self, store: MemoryStore) -> Self {
+        self.memory_store = Some(store);
         self
     }
 
@@ -135,7 +145,6 @@ impl App {
         let gitlab_secret = Secret::from_file(&required(&config.gitlab.authentication_secret_file))?;
         let internal_secret = Secret::from_file(&required(&config.kas_internal.authentication_secret_file))?;
         let agents = Arc::new(StaticAgents::from_file(&required(&config.agents.static_file))?);
-        let registry = self.registry.unwrap_or_else(|| Arc::new(MemoryRegistry::new(config.registry.ttl)));
         let tls = ListenerTls {
             agent: load_tls("agent", &config.listeners.agent)?,
             api: load_tls("api", &config.listeners.api)?,
@@ -159,6 +168,28 @@ impl App {
             agent: local(&agent, "agent")?,
             api: local(&api, "api")?,
             internal: local(&internal, "internal")?,
+        };
+        // Peers reach this kas at the internal listener's actually bound port.
+        let advertised_ip = config.kas_internal.advertise_ip.unwrap_or(addresses.internal.ip());
+        if config.registry.redis.is_some() && advertised_ip.is_unspecified() {
+            return Err(AppError::Config(ConfigError::Invalid {
+                key: "kas_internal.advertise_ip",
+                message: format!(
+                    "is required when listeners.internal.address binds a wildcard ({}): other kas must reach this one",
+                    addresses.internal
+                ),
+            }));
+        }
+        let instance = KasInstanceInfo {
+            version: crate::VERSION.to_owned(),
+            commit: crate::COMMIT.to_owned(),
+            address: Some(KasAddress { ip: advertised_ip.to_string(), port: u32::from(addresses.internal.port()) }),
+            instance_id: new_instance_id(),
+        };
+        let timing = config.registry.timing();
+        let registry: Arc<dyn AgentRegistry> = match &config.registry.redis {
+            Some(redis) => Arc::new(RedisRegistry::new(redis, instance, timing).map_err(AppError::Registry)?),
+            None => Arc::new(MemoryRegistry::with_store(self.memory_store.unwrap_or_default(), instance, timing)),
         };
         Ok(Bound {
             config,
@@ -189,7 +220,7 @@ impl Bound {
     }
 
     pub fn handle(&self) -> Handle {
-        Handle { tunnels: self.tunnels_handle.clone() }
+        Handle { tunnels: self.tunnels_handle.clone(), registry: self.registry.clone() }
     }
 
     /// Serves until `shutdown` is cancelled, then drains: external listeners finish in-flight
@@ -212,7 +243,12 @@ impl Bound {
         let background = CancellationToken::new();
         let tunnels = TunnelRegistry::spawn(background.clone());
         let _ = tunnels_handle.set(tunnels.clone());
-        let router = Router::new(tunnels.clone(), registry.clone(), config.routing.max_wait);
+        let peers = Arc::new(Peers::new(internal_secret.clone()));
+        let router = Router::new(tunnels.clone(), registry.clone(), peers, config.routing.max_wait);
+        // Alive before the first agent registers, so peers do not ignore its records.
+        if let Err(e) = registry.heartbeat().await {
+            tracing::warn!(error = %e, "first registry heartbeat failed; retrying periodically");
+        }
         let verifier: Arc<dyn TokenVerifier> = agents.clone();
         let configurations: Arc<dyn ConfigurationSource> = agents;
 
@@ -221,10 +257,6 @@ impl Bound {
             configurations,
             registry: registry.clone(),
             tunnels: tunnels.clone(),
-            kas_address: KasAddress {
-                ip: addresses.internal.ip().to_string(),
-                port: u32::from(addresses.internal.port()),
-            },
             shutdown: shutdown.clone(),
         };
         let incoming = |l: TcpListener| TcpIncoming::from(l).with_nodelay(Some(true));
@@ -256,7 +288,14 @@ impl Bound {
         );
         let maintenance =
             tokio::spawn(maintain_registry(registry.clone(), config.registry.clone(), background.clone()));
-        tracing::info!(agent = %addresses.agent, api = %addresses.api, internal = %addresses.internal, version = crate::VERSION, "kas listening");
+        tracing::info!(
+            agent = %addresses.agent,
+            api = %addresses.api,
+            internal = %addresses.internal,
+            kas = %registry.instance().instance_id,
+            version = crate::VERSION,
+            "kas listening"
+        );
 
         // Run until asked to stop, or until a listener fails on its own.
         let early = tokio::select! {
@@ -296,13 +335,20 @@ async fn maintain_registry(
     config: crate::config::RegistryConfig,
     stop: CancellationToken,
 ) {
-    let mut refresh = tokio::time::interval(config.refresh_period);
-    let mut gc = tokio::time::interval(config.gc_period);
-    refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    gc.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let start = tokio::time::Instant::now();
+    // The first ticks come one period after start (register and heartbeat already wrote).
+    let mut refresh = tokio::time::interval_at(start + config.refresh_period, config.refresh_period);
+    let mut gc = tokio::time::interval_at(start + config.gc_period, config.gc_period);
+    let mut heartbeat = tokio::time::interval_at(start + config.heartbeat_period, config.heartbeat_period);
+    for t in [&mut refresh, &mut gc, &mut heartbeat] {
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    }
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
+            _ = heartbeat.tick() => if let Err(e) = registry.heartbeat().await {
+                tracing::warn!(error = %e, "registry heartbeat failed");
+            },
             _ = refresh.tick() => if let Err(e) = registry.refresh().await {
                 tracing::warn!(error = %e, "registry refresh failed");
             },

@@ -19,6 +19,10 @@ pub const DEFAULT_REGISTRY_TTL: Duration = Duration::from_secs(300);
 pub const DEFAULT_REGISTRY_REFRESH: Duration = Duration::from_secs(60);
 /// Stale records are rare (a refresh keeps them alive); sweeping every few minutes is enough.
 pub const DEFAULT_REGISTRY_GC: Duration = Duration::from_secs(300);
+/// A kas that stops heartbeating (crashed) stops receiving routed requests this soon.
+pub const DEFAULT_HEARTBEAT_TTL: Duration = Duration::from_secs(15);
+/// Heartbeat a few times per TTL, so one slow write does not mark a live kas dead.
+pub const DEFAULT_HEARTBEAT_PERIOD: Duration = Duration::from_secs(5);
 /// In-flight requests get this long to finish after SIGTERM (Kubernetes' default grace is 30 s).
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
 
@@ -91,6 +95,10 @@ pub struct GitlabConfig {
 pub struct KasInternalConfig {
     /// File with the base64 secret shared only among kas instances. Required.
     pub authentication_secret_file: Option<PathBuf>,
+    /// The IP other kas use to reach this kas's internal listener (e.g. the pod IP). Default:
+    /// the bound IP, which must then not be a wildcard (0.0.0.0 / ::) when Redis is used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub advertise_ip: Option<std::net::IpAddr>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -126,11 +134,33 @@ pub struct RegistryConfig {
     /// How often this kas removes stale records.
     #[serde(with = "humantime_serde")]
     pub gc_period: Duration,
+    /// A kas instance whose heartbeat is older than this is treated as gone.
+    #[serde(with = "humantime_serde")]
+    pub heartbeat_ttl: Duration,
+    /// How often this kas heartbeats.
+    #[serde(with = "humantime_serde")]
+    pub heartbeat_period: Duration,
+    /// Use Redis (many kas replicas). Absent: in-memory registry (a single kas).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redis: Option<crate::registry::redis::RedisConfig>,
 }
 
 impl Default for RegistryConfig {
     fn default() -> Self {
-        Self { ttl: DEFAULT_REGISTRY_TTL, refresh_period: DEFAULT_REGISTRY_REFRESH, gc_period: DEFAULT_REGISTRY_GC }
+        Self {
+            ttl: DEFAULT_REGISTRY_TTL,
+            refresh_period: DEFAULT_REGISTRY_REFRESH,
+            gc_period: DEFAULT_REGISTRY_GC,
+            heartbeat_ttl: DEFAULT_HEARTBEAT_TTL,
+            heartbeat_period: DEFAULT_HEARTBEAT_PERIOD,
+            redis: None,
+        }
+    }
+}
+
+impl RegistryConfig {
+    pub fn timing(&self) -> crate::registry::RegistryTiming {
+        crate::registry::RegistryTiming { ttl: self.ttl, heartbeat_ttl: self.heartbeat_ttl }
     }
 }
 
@@ -202,6 +232,8 @@ impl Config {
             ("registry.ttl", self.registry.ttl),
             ("registry.refresh_period", self.registry.refresh_period),
             ("registry.gc_period", self.registry.gc_period),
+            ("registry.heartbeat_ttl", self.registry.heartbeat_ttl),
+            ("registry.heartbeat_period", self.registry.heartbeat_period),
         ];
         for (key, d) in nonzero {
             if d.is_zero() {
@@ -216,6 +248,26 @@ impl Config {
                     humantime::format_duration(self.registry.ttl)
                 ),
             });
+        }
+        if self.registry.heartbeat_period >= self.registry.heartbeat_ttl {
+            return Err(ConfigError::Invalid {
+                key: "registry.heartbeat_period",
+                message: format!(
+                    "must be shorter than registry.heartbeat_ttl ({}), or live kas look dead between heartbeats",
+                    humantime::format_duration(self.registry.heartbeat_ttl)
+                ),
+            });
+        }
+        if let Some(redis) = &self.registry.redis {
+            if redis.url.trim().is_empty() {
+                return Err(ConfigError::Invalid { key: "registry.redis.url", message: "must not be empty".into() });
+            }
+            if redis.key_prefix.is_empty() {
+                return Err(ConfigError::Invalid {
+                    key: "registry.redis.key_prefix",
+                    message: "must not be empty".into(),
+                });
+            }
         }
         Ok(())
     }

@@ -29,6 +29,10 @@ struct Cli {
     /// Overrides listeners.internal.address.
     #[arg(long, env = "KAS_INTERNAL_ADDRESS")]
     internal_address: Option<String>,
+    /// Use Redis as the registry (many replicas): redis://, rediss:// or unix:// URL. Overrides
+    /// registry.redis.url (other Redis settings keep their config values or defaults).
+    #[arg(long, env = "KAS_REDIS_URL")]
+    redis_url: Option<String>,
     /// Log filter, e.g. `info` or `kas=debug`.
     #[arg(long, env = "KAS_LOG", default_value = "info")]
     log: String,
@@ -105,12 +109,17 @@ async fn main() -> anyhow::Result<()> {
         None => {
             init_logging(&cli.log, cli.log_format)?;
             let overrides = [cli.agent_address, cli.api_address, cli.internal_address];
-            run(cli.config, cli.dev_dir, overrides).await
+            run(cli.config, cli.dev_dir, overrides, cli.redis_url).await
         }
     }
 }
 
-async fn run(config: Option<PathBuf>, dev_dir: PathBuf, overrides: [Option<String>; 3]) -> anyhow::Result<()> {
+async fn run(
+    config: Option<PathBuf>,
+    dev_dir: PathBuf,
+    overrides: [Option<String>; 3],
+    redis_url: Option<String>,
+) -> anyhow::Result<()> {
     let (mut config, dev) = match config {
         Some(path) => (kas::Config::load(&path)?, None),
         None => {
@@ -135,6 +144,12 @@ async fn run(config: Option<PathBuf>, dev_dir: PathBuf, overrides: [Option<Strin
     let interrupt = signal(SignalKind::interrupt()).context("cannot listen for SIGINT")?;
     let shutdown = CancellationToken::new();
     tokio::spawn(signal_shutdown(term, interrupt, shutdown.clone()));
+    if let Some(url) = redis_url {
+        match &mut config.registry.redis {
+            Some(redis) => redis.url = url,
+            None => config.registry.redis = Some(kas::registry::redis::RedisConfig::new(url)),
+        }
+    }
     let bound = kas::App::new(config).bind().await?;
     if let Some(dev) = dev {
         let a = bound.addresses();

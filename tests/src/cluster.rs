@@ -10,7 +10,8 @@ use kas::auth::jwt::{GITLAB_ISSUER, KAS_AUDIENCE, KAS_ISSUER};
 use kas::auth::{Secret, mint_jwt};
 use kas::modules::configuration::AgentConfigDocument;
 use kas::registry::AgentRegistry;
-use kas::registry::memory::{MemoryRegistry, MemoryStore};
+use kas::registry::memory::MemoryStore;
+use kas::registry::redis::RedisConfig;
 use kas_proto::kas::kas_api_client::KasApiClient;
 use kas_proto::kas::kas_internal_client::KasInternalClient;
 use tokio::task::JoinHandle;
@@ -19,6 +20,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 use crate::fake_kube::FakeKube;
+use crate::redis_server::RedisServer;
 
 /// An agent in the static agents file of the cluster.
 #[derive(Debug, Clone)]
@@ -37,11 +39,18 @@ pub struct ClusterBuilder {
     agents: Vec<(i64, i64, Option<AgentConfigDocument>)>,
     max_wait: Duration,
     edits: Vec<ConfigEdit>,
+    redis: bool,
 }
 
 impl Default for ClusterBuilder {
     fn default() -> Self {
-        Self { kas_count: 1, agents: vec![(1, 10, None)], max_wait: Duration::from_secs(10), edits: Vec::new() }
+        Self {
+            kas_count: 1,
+            agents: vec![(1, 10, None)],
+            max_wait: Duration::from_secs(10),
+            edits: Vec::new(),
+            redis: false,
+        }
     }
 }
 
@@ -68,6 +77,13 @@ impl ClusterBuilder {
     /// Changes kas's configuration before kas starts (given the cluster's temp dir for files).
     pub fn configure(mut self, edit: impl FnOnce(&mut kas::Config, &std::path::Path) + 'static) -> Self {
         self.edits.push(Box::new(edit));
+        self
+    }
+
+    /// Use a private real redis-server as the registry (instead of a shared in-memory store),
+    /// with short heartbeat and refresh periods so expiry is observable in tests.
+    pub fn redis(mut self) -> Self {
+        self.redis = true;
         self
     }
 
@@ -116,6 +132,19 @@ impl ClusterBuilder {
         config.agents.static_file = Some(agents_file);
         config.routing.max_wait = self.max_wait;
         config.shutdown.grace_period = Duration::from_secs(5);
+        let redis = if self.redis {
+            let server = RedisServer::start().await;
+            let mut redis = RedisConfig::new(server.url());
+            redis.key_prefix = format!("kas-test-{}", rand::random::<u32>());
+            config.registry.redis = Some(redis);
+            config.registry.heartbeat_ttl = Duration::from_millis(1500);
+            config.registry.heartbeat_period = Duration::from_millis(300);
+            config.registry.refresh_period = Duration::from_secs(1);
+            config.registry.ttl = Duration::from_secs(30);
+            Some(server)
+        } else {
+            None
+        };
         for edit in self.edits {
             edit(&mut config, dir.path());
         }
@@ -130,6 +159,7 @@ impl ClusterBuilder {
             kube,
             kubeconfig,
             kas: Vec::new(),
+            redis,
         };
         for _ in 0..self.kas_count {
             let k = cluster.start_kas().await;
@@ -149,6 +179,8 @@ pub struct Cluster {
     pub kube: FakeKube,
     pub kubeconfig: PathBuf,
     pub kas: Vec<KasHandle>,
+    /// The private redis-server, when the cluster uses Redis.
+    pub redis: Option<RedisServer>,
 }
 
 pub struct KasHandle {
@@ -160,6 +192,11 @@ pub struct KasHandle {
 }
 
 impl KasHandle {
+    /// This kas's instance id (what its connection records name).
+    pub fn instance_id(&self) -> &str {
+        &self.registry.instance().instance_id
+    }
+
     /// Graceful shutdown; waits until kas has stopped.
     pub async fn stop(mut self) {
         self.shutdown.cancel();
@@ -232,13 +269,13 @@ impl Cluster {
         ClusterBuilder::default()
     }
 
-    /// Starts another kas sharing the registry store (appended to `self.kas` by the caller).
+    /// Starts another kas sharing the registry (appended to `self.kas` by the caller).
     pub async fn start_kas(&self) -> KasHandle {
-        let registry: Arc<dyn AgentRegistry> =
-            Arc::new(MemoryRegistry::with_store(self.store.clone(), self.config.registry.ttl));
-        let bound = kas::App::new(self.config.clone()).with_registry(registry.clone()).bind().await.expect("bind kas");
+        let bound =
+            kas::App::new(self.config.clone()).with_memory_store(self.store.clone()).bind().await.expect("bind kas");
         let addresses = bound.addresses();
         let handle = bound.handle();
+        let registry = handle.registry().clone();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(bound.serve(shutdown.clone()));
         crate::eventually!(handle.tunnel_stats().await.is_some(), "kas serving");

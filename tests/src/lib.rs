@@ -4,10 +4,12 @@
 pub mod cluster;
 pub mod fake_kube;
 pub mod process;
+pub mod redis_server;
 
 pub use cluster::{AgentkHandle, Cluster, ClusterBuilder, KasHandle};
 pub use fake_kube::FakeKube;
 pub use process::{KasProcess, Process, workspace_binary};
+pub use redis_server::RedisServer;
 
 /// How long `eventually!` waits before failing a test.
 pub const EVENTUALLY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);

@@ -29,6 +29,7 @@ const PRODUCT_ENV: &[&str] = &[
     "KAS_INTERNAL_ADDRESS",
     "KAS_LOG",
     "KAS_LOG_FORMAT",
+    "KAS_REDIS_URL",
     "AGENTK_KAS_ADDRESS",
     "AGENTK_TOKEN_FILE",
     "AGENTK_CA_CERT_FILE",
@@ -205,6 +206,12 @@ impl Process {
         self.wait_for_log(&format!("\"{message}\""), |v| log_message(v) == Some(message)).await
     }
 
+    /// Kills the process with SIGKILL (a crash: no cleanup of any kind) and waits for it.
+    pub async fn kill(mut self) {
+        self.child.start_kill().expect("SIGKILL");
+        let _ = tokio::time::timeout(EXIT_TIMEOUT, self.child.wait()).await;
+    }
+
     /// Sends SIGTERM and waits (at most [`EXIT_TIMEOUT`]) for the process to exit.
     pub async fn terminate(mut self) -> ExitStatus {
         let pid = self.pid();
@@ -278,6 +285,32 @@ pub async fn start_kas_standalone(work_dir: &Path) -> KasProcess {
         lines.iter().filter(|l| serde_json::from_str::<Value>(l).is_err()).cloned().collect::<Vec<_>>().join("\n")
     };
     KasProcess { process, addresses, dev_dir, instructions }
+}
+
+/// `kas` started from a config file.
+pub struct ConfiguredKas {
+    pub process: Process,
+    pub addresses: kas::Addresses,
+    /// The instance id kas logged (what its registry records name).
+    pub instance_id: String,
+}
+
+/// Starts `kas --config <file>` with `config` written as YAML into `work_dir`; returns once kas
+/// logged "kas listening".
+pub async fn start_kas_with_config(config: &kas::Config, work_dir: &Path) -> ConfiguredKas {
+    let path = work_dir.join(format!("kas-{}.yaml", rand::random::<u32>()));
+    std::fs::write(&path, serde_norway::to_string(config).expect("config as YAML")).expect("write config");
+    let mut cmd = command("kas");
+    cmd.current_dir(work_dir).arg("--config").arg(&path).args(["--log-format", "json", "--log", "info"]);
+    let mut process = Process::spawn("kas", cmd);
+    let listening = process.wait_for_message("kas listening").await;
+    let addresses = kas::Addresses {
+        agent: address(&listening, "agent"),
+        api: address(&listening, "api"),
+        internal: address(&listening, "internal"),
+    };
+    let instance_id = listening["fields"]["kas"].as_str().expect("kas instance id in the log").to_owned();
+    ConfiguredKas { process, addresses, instance_id }
 }
 
 /// Starts `agentk` against a kas agent listener (JSON logs: stderr is not a terminal).

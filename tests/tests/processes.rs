@@ -41,7 +41,7 @@ async fn python_grpc_available() -> bool {
     false
 }
 
-/// Generates the Python stubs for kas/v1/kas.proto into `out` (`out/kas/v1/kas_pb2*.py`).
+/// Generates the Python stubs for kas/v1/kas.proto (and the tunnel messages it imports) into `out` (`out/kas/v1/kas_pb2*.py`).
 async fn generate_python_stubs(out: &Path) {
     let proto_root = crate_dir().join("../proto/proto");
     let gen_out = Command::new("python3")
@@ -49,7 +49,7 @@ async fn generate_python_stubs(out: &Path) {
         .arg(format!("-I{}", proto_root.display()))
         .arg(format!("--python_out={}", out.display()))
         .arg(format!("--grpc_python_out={}", out.display()))
-        .arg("kas/v1/kas.proto")
+        .args(["kas/v1/kas.proto", "kas/tunnel/v1/tunnel.proto"])
         .output()
         .await
         .expect("run grpc_tools.protoc");

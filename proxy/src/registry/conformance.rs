@@ -6,17 +6,27 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kas_proto::kas::{ConnectedAgentInfo, KasAddress};
+use kas_proto::kas::{ConnectedAgentInfo, KasAddress, KasInstanceInfo};
 use kas_proto::{AgentId, ConnectionId, ProjectId};
 
-use super::{AgentRegistry, RegistryEvent};
+use super::{AgentRegistry, RegistryEvent, RegistryTiming};
 
 pub trait Backend {
-    fn instance(&self, ttl: Duration) -> impl Future<Output = Arc<dyn AgentRegistry>>;
-    fn isolated(&self, ttl: Duration) -> impl Future<Output = Arc<dyn AgentRegistry>>;
+    fn instance(&self, timing: RegistryTiming) -> impl Future<Output = Arc<dyn AgentRegistry>>;
+    fn isolated(&self, timing: RegistryTiming) -> impl Future<Output = Arc<dyn AgentRegistry>>;
 }
 
-/// A connection record as kas writes it.
+/// A kas instance with a random id and port.
+pub fn instance_info() -> KasInstanceInfo {
+    KasInstanceInfo {
+        version: "test".into(),
+        commit: "c".into(),
+        address: Some(KasAddress { ip: "127.0.0.1".into(), port: u32::from(rand::random::<u16>()) }),
+        instance_id: super::new_instance_id(),
+    }
+}
+
+/// A connection record as the agent listener passes it to `register`.
 pub fn record(agent: i64, project: i64, connection: i64) -> ConnectedAgentInfo {
     ConnectedAgentInfo {
         id: agent,
@@ -27,7 +37,8 @@ pub fn record(agent: i64, project: i64, connection: i64) -> ConnectedAgentInfo {
         pod_namespace: "ns".into(),
         pod_name: format!("pod-{connection}"),
         connected_at: Some(prost_types::Timestamp { seconds: 1_700_000_000, nanos: 0 }),
-        kas_address: Some(KasAddress { ip: "127.0.0.1".into(), port: 8155 }),
+        kas_address: None,
+        kas_instance_id: String::new(),
     }
 }
 
@@ -38,8 +49,13 @@ fn ids(v: &[ConnectedAgentInfo]) -> Vec<(i64, i64)> {
 }
 
 const LONG: Duration = Duration::from_secs(60);
-// Expiry tests run in real time (Redis cannot be paused); short enough to keep suites fast.
-const SHORT: Duration = Duration::from_millis(300);
+// Expiry tests run in real time (Redis cannot be paused); short enough to keep suites fast,
+// long enough for a few round trips on a loaded machine.
+const SHORT: Duration = Duration::from_millis(400);
+
+fn timing(ttl: Duration, heartbeat_ttl: Duration) -> RegistryTiming {
+    RegistryTiming { ttl, heartbeat_ttl }
+}
 
 pub async fn run_all(b: &impl Backend) {
     register_list_unregister(b).await;
@@ -47,30 +63,34 @@ pub async fn run_all(b: &impl Backend) {
     gc_removes_expired(b).await;
     isolation(b).await;
     two_instances_see_each_other(b).await;
+    records_of_a_dead_instance_are_ignored(b).await;
     events_are_delivered(b).await;
     remove_all_owned_removes_only_own(b).await;
 }
 
 pub async fn register_list_unregister(b: &impl Backend) {
-    let r = b.isolated(LONG).await;
-    let full = record(1, 10, 100);
-    r.register(full.clone()).await.unwrap();
+    let r = b.isolated(timing(LONG, LONG)).await;
+    r.register(record(1, 10, 100)).await.unwrap();
     r.register(record(1, 10, 101)).await.unwrap();
     r.register(record(2, 10, 200)).await.unwrap();
     r.register(record(3, 11, 300)).await.unwrap();
     let by_agent = r.connections_by_agent_id(AgentId(1)).await.unwrap();
     assert_eq!(ids(&by_agent), vec![(1, 100), (1, 101)]);
-    // The record round-trips with every field.
-    assert!(by_agent.contains(&full), "{by_agent:?}");
+    // Every field round-trips; the registry stamps its instance id and address.
+    let mut expected = record(1, 10, 100);
+    expected.kas_instance_id.clone_from(&r.instance().instance_id);
+    expected.kas_address.clone_from(&r.instance().address);
+    assert!(by_agent.contains(&expected), "{by_agent:?}");
     assert_eq!(ids(&r.connections_by_project_id(ProjectId(10)).await.unwrap()), vec![(1, 100), (1, 101), (2, 200)]);
     r.unregister(AgentId(1), ProjectId(10), ConnectionId(100)).await.unwrap();
     assert_eq!(ids(&r.connections_by_agent_id(AgentId(1)).await.unwrap()), vec![(1, 101)]);
     assert_eq!(ids(&r.connections_by_project_id(ProjectId(10)).await.unwrap()), vec![(1, 101), (2, 200)]);
     assert!(r.connections_by_agent_id(AgentId(99)).await.unwrap().is_empty());
+    r.remove_all_owned().await.unwrap();
 }
 
 pub async fn records_survive_while_refreshed_and_expire_after(b: &impl Backend) {
-    let r = b.isolated(SHORT).await;
+    let r = b.isolated(timing(SHORT, LONG)).await;
     r.register(record(1, 10, 100)).await.unwrap();
     for _ in 0..4 {
         tokio::time::sleep(SHORT / 3).await;
@@ -80,59 +100,90 @@ pub async fn records_survive_while_refreshed_and_expire_after(b: &impl Backend) 
     tokio::time::sleep(SHORT * 2).await;
     assert!(r.connections_by_agent_id(AgentId(1)).await.unwrap().is_empty(), "record outlived its ttl");
     assert!(r.connections_by_project_id(ProjectId(10)).await.unwrap().is_empty());
+    r.remove_all_owned().await.unwrap();
 }
 
 pub async fn gc_removes_expired(b: &impl Backend) {
-    let r = b.isolated(SHORT).await;
+    let r = b.isolated(timing(SHORT, LONG)).await;
     r.register(record(1, 10, 100)).await.unwrap();
     tokio::time::sleep(SHORT * 2).await;
     r.gc().await.unwrap();
     assert!(r.connections_by_agent_id(AgentId(1)).await.unwrap().is_empty());
+    r.remove_all_owned().await.unwrap();
 }
 
 pub async fn isolation(b: &impl Backend) {
-    let a = b.isolated(LONG).await;
-    let other = b.isolated(LONG).await;
+    let a = b.isolated(timing(LONG, LONG)).await;
+    let other = b.isolated(timing(LONG, LONG)).await;
     a.register(record(1, 10, 100)).await.unwrap();
     assert!(other.connections_by_agent_id(AgentId(1)).await.unwrap().is_empty());
+    a.remove_all_owned().await.unwrap();
 }
 
 pub async fn two_instances_see_each_other(b: &impl Backend) {
-    let k1 = b.instance(LONG).await;
-    let k2 = b.instance(LONG).await;
+    let k1 = b.instance(timing(LONG, LONG)).await;
+    let k2 = b.instance(timing(LONG, LONG)).await;
     k1.register(record(7, 70, 1)).await.unwrap();
     k2.register(record(7, 70, 2)).await.unwrap();
-    assert_eq!(ids(&k1.connections_by_agent_id(AgentId(7)).await.unwrap()), vec![(7, 1), (7, 2)]);
+    let seen = k1.connections_by_agent_id(AgentId(7)).await.unwrap();
+    assert_eq!(ids(&seen), vec![(7, 1), (7, 2)]);
+    // Each record names the kas holding it.
+    assert_eq!(seen[1].kas_instance_id, k2.instance().instance_id);
+    assert_eq!(seen[1].kas_address, k2.instance().address);
     assert_eq!(ids(&k2.connections_by_project_id(ProjectId(70)).await.unwrap()), vec![(7, 1), (7, 2)]);
     k1.remove_all_owned().await.unwrap();
     k2.remove_all_owned().await.unwrap();
 }
 
-pub async fn events_are_delivered(b: &impl Backend) {
-    let k1 = b.instance(LONG).await;
-    let k2 = b.instance(LONG).await;
-    let mut events = k1.subscribe();
-    k2.register(record(8, 80, 5)).await.unwrap();
-    k2.unregister(AgentId(8), ProjectId(80), ConnectionId(5)).await.unwrap();
-    let mut seen = Vec::new();
-    while seen.len() < 2 {
-        let ev = tokio::time::timeout(Duration::from_secs(5), events.recv()).await.expect("event").expect("channel");
-        if ev.agent_id() == AgentId(8) {
-            seen.push(ev);
-        }
+pub async fn records_of_a_dead_instance_are_ignored(b: &impl Backend) {
+    let alive = b.instance(timing(LONG, SHORT)).await;
+    let crashed = b.instance(timing(LONG, SHORT)).await;
+    alive.register(record(6, 60, 1)).await.unwrap();
+    crashed.register(record(6, 60, 2)).await.unwrap();
+    // `alive` keeps heartbeating; `crashed` stops (as if the process died without cleanup).
+    for _ in 0..6 {
+        tokio::time::sleep(SHORT / 3).await;
+        alive.heartbeat().await.unwrap();
     }
-    assert_eq!(
-        seen,
-        vec![
-            RegistryEvent::Connected { agent_id: AgentId(8), connection_id: ConnectionId(5) },
-            RegistryEvent::Disconnected { agent_id: AgentId(8), connection_id: ConnectionId(5) },
-        ]
-    );
+    assert_eq!(ids(&alive.connections_by_agent_id(AgentId(6)).await.unwrap()), vec![(6, 1)]);
+    assert_eq!(ids(&alive.connections_by_project_id(ProjectId(60)).await.unwrap()), vec![(6, 1)]);
+    // A heartbeat brings the instance (and its records, still within their TTL) back.
+    crashed.heartbeat().await.unwrap();
+    assert_eq!(ids(&alive.connections_by_agent_id(AgentId(6)).await.unwrap()), vec![(6, 1), (6, 2)]);
+    alive.remove_all_owned().await.unwrap();
+    crashed.remove_all_owned().await.unwrap();
+}
+
+pub async fn events_are_delivered(b: &impl Backend) {
+    let k1 = b.instance(timing(LONG, LONG)).await;
+    let k2 = b.instance(timing(LONG, LONG)).await;
+    let mut events = k1.subscribe();
+    // Backends may subscribe asynchronously: publish until the first event arrives.
+    let connected = RegistryEvent::Connected { agent_id: AgentId(8), connection_id: ConnectionId(5) };
+    let first = loop {
+        k2.register(record(8, 80, 5)).await.unwrap();
+        match tokio::time::timeout(Duration::from_millis(200), events.recv()).await {
+            Ok(ev) => break ev.unwrap(),
+            Err(_) => continue,
+        }
+    };
+    assert_eq!(first, connected);
+    k2.unregister(AgentId(8), ProjectId(80), ConnectionId(5)).await.unwrap();
+    loop {
+        let ev = tokio::time::timeout(Duration::from_secs(5), events.recv()).await.expect("event").unwrap();
+        if ev == connected {
+            continue; // a repeated registration from the loop above
+        }
+        assert_eq!(ev, RegistryEvent::Disconnected { agent_id: AgentId(8), connection_id: ConnectionId(5) });
+        break;
+    }
+    k1.remove_all_owned().await.unwrap();
+    k2.remove_all_owned().await.unwrap();
 }
 
 pub async fn remove_all_owned_removes_only_own(b: &impl Backend) {
-    let k1 = b.instance(LONG).await;
-    let k2 = b.instance(LONG).await;
+    let k1 = b.instance(timing(LONG, LONG)).await;
+    let k2 = b.instance(timing(LONG, LONG)).await;
     k1.register(record(9, 90, 1)).await.unwrap();
     k2.register(record(9, 90, 2)).await.unwrap();
     k1.remove_all_owned().await.unwrap();

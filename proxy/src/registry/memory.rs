@@ -1,21 +1,17 @@
-//! In-memory registry: the default for a single kas. Records expire like Redis records do, so
-//! the same conformance suite applies. Several `MemoryRegistry` values can share one
-//! [`MemoryStore`] to act as several kas instances in tests.
+//! In-memory registry: the default for a single kas. Records and heartbeats expire like Redis
+//! records do, so the same conformance suite applies. Several `MemoryRegistry` values can share
+//! one [`MemoryStore`] to act as several kas instances in one process (tests).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use async_trait::async_trait;
-use kas_proto::kas::ConnectedAgentInfo;
+use kas_proto::kas::{ConnectedAgentInfo, KasInstanceInfo};
 use kas_proto::{AgentId, ConnectionId, ProjectId};
 use tokio::sync::broadcast;
 use tokio::time::Instant;
 
-use super::{AgentRegistry, RegistryError, RegistryEvent, record_key};
-
-/// Buffered events per subscriber; a subscriber that lags re-scans (see the router).
-const EVENT_BUFFER: usize = 1024;
+use super::{AgentRegistry, EVENT_BUFFER, RegistryError, RegistryEvent, RegistryTiming, record_key, sorted};
 
 type Key = (AgentId, ProjectId, ConnectionId);
 
@@ -25,16 +21,32 @@ struct Entry {
     expires_at: Instant,
 }
 
-/// The shared state (what Redis is for the Redis backend).
+#[derive(Debug, Default)]
+struct Data {
+    entries: HashMap<Key, Entry>,
+    /// instance id -> heartbeat expiry
+    instances: HashMap<String, Instant>,
+}
+
+/// The shared state (what Redis is for the Redis backend). Plain maps behind a lock that is
+/// never held across an await: each operation is a few map updates.
 #[derive(Debug, Clone)]
 pub struct MemoryStore {
-    entries: Arc<Mutex<HashMap<Key, Entry>>>,
+    data: Arc<Mutex<Data>>,
     events: broadcast::Sender<RegistryEvent>,
 }
 
 impl Default for MemoryStore {
     fn default() -> Self {
-        Self { entries: Arc::default(), events: broadcast::channel(EVENT_BUFFER).0 }
+        Self { data: Arc::default(), events: broadcast::channel(EVENT_BUFFER).0 }
+    }
+}
+
+impl MemoryStore {
+    fn lock(&self) -> MutexGuard<'_, Data> {
+        // Each critical section is a handful of inserts/removes, so a poisoned lock still holds
+        // consistent maps.
+        self.data.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -42,46 +54,55 @@ impl Default for MemoryStore {
 #[derive(Debug)]
 pub struct MemoryRegistry {
     store: MemoryStore,
-    ttl: Duration,
+    instance: KasInstanceInfo,
+    timing: RegistryTiming,
     owned: Mutex<HashSet<Key>>,
 }
 
 impl MemoryRegistry {
-    pub fn new(ttl: Duration) -> Self {
-        Self::with_store(MemoryStore::default(), ttl)
+    /// A registry with its own store; the instance is alive from the start.
+    pub fn new(instance: KasInstanceInfo, timing: RegistryTiming) -> Self {
+        Self::with_store(MemoryStore::default(), instance, timing)
     }
 
-    pub fn with_store(store: MemoryStore, ttl: Duration) -> Self {
-        Self { store, ttl, owned: Mutex::default() }
+    pub fn with_store(store: MemoryStore, instance: KasInstanceInfo, timing: RegistryTiming) -> Self {
+        store.lock().instances.insert(instance.instance_id.clone(), Instant::now() + timing.heartbeat_ttl);
+        Self { store, instance, timing, owned: Mutex::default() }
     }
 
-    fn lock_entries(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Entry>> {
-        // A panic while holding this lock cannot leave the map half-updated (single inserts and
-        // removes), so a poisoned lock is still usable.
-        self.store.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn lock_owned(&self) -> std::sync::MutexGuard<'_, HashSet<Key>> {
-        self.owned.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    fn owned(&self) -> MutexGuard<'_, HashSet<Key>> {
+        self.owned.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn live(&self, pred: impl Fn(&Key) -> bool) -> Vec<ConnectedAgentInfo> {
         let now = Instant::now();
-        let mut entries = self.lock_entries();
+        let mut data = self.store.lock();
         // Readers delete expired records, as the Redis backend does.
-        entries.retain(|_, e| e.expires_at > now);
-        let mut out: Vec<_> = entries.iter().filter(|(k, _)| pred(k)).map(|(_, e)| e.info.clone()).collect();
-        out.sort_by_key(|i| (i.id, i.connection_id));
-        out
+        data.entries.retain(|_, e| e.expires_at > now);
+        let data = &*data;
+        let alive = |id: &str| data.instances.get(id).is_some_and(|t| *t > now);
+        sorted(
+            data.entries
+                .iter()
+                .filter(|(k, e)| pred(k) && alive(&e.info.kas_instance_id))
+                .map(|(_, e)| e.info.clone())
+                .collect(),
+        )
     }
 }
 
 #[async_trait]
 impl AgentRegistry for MemoryRegistry {
-    async fn register(&self, info: ConnectedAgentInfo) -> Result<(), RegistryError> {
+    fn instance(&self) -> &KasInstanceInfo {
+        &self.instance
+    }
+
+    async fn register(&self, mut info: ConnectedAgentInfo) -> Result<(), RegistryError> {
+        info.kas_instance_id.clone_from(&self.instance.instance_id);
+        info.kas_address.clone_from(&self.instance.address);
         let key = record_key(&info);
-        self.lock_owned().insert(key);
-        self.lock_entries().insert(key, Entry { info, expires_at: Instant::now() + self.ttl });
+        self.owned().insert(key);
+        self.store.lock().entries.insert(key, Entry { info, expires_at: Instant::now() + self.timing.ttl });
         let _ = self.store.events.send(RegistryEvent::Connected { agent_id: key.0, connection_id: key.2 });
         Ok(())
     }
@@ -93,27 +114,35 @@ impl AgentRegistry for MemoryRegistry {
         connection_id: ConnectionId,
     ) -> Result<(), RegistryError> {
         let key = (agent_id, project_id, connection_id);
-        self.lock_owned().remove(&key);
-        self.lock_entries().remove(&key);
+        self.owned().remove(&key);
+        self.store.lock().entries.remove(&key);
         let _ = self.store.events.send(RegistryEvent::Disconnected { agent_id, connection_id });
         Ok(())
     }
 
     async fn refresh(&self) -> Result<(), RegistryError> {
-        let owned = self.lock_owned().clone();
-        let expires_at = Instant::now() + self.ttl;
-        let mut entries = self.lock_entries();
+        let owned = self.owned().clone();
+        let expires_at = Instant::now() + self.timing.ttl;
+        let mut data = self.store.lock();
         for key in owned {
-            if let Some(e) = entries.get_mut(&key) {
+            if let Some(e) = data.entries.get_mut(&key) {
                 e.expires_at = expires_at;
             }
         }
         Ok(())
     }
 
+    async fn heartbeat(&self) -> Result<(), RegistryError> {
+        let expires_at = Instant::now() + self.timing.heartbeat_ttl;
+        self.store.lock().instances.insert(self.instance.instance_id.clone(), expires_at);
+        Ok(())
+    }
+
     async fn gc(&self) -> Result<(), RegistryError> {
         let now = Instant::now();
-        self.lock_entries().retain(|_, e| e.expires_at > now);
+        let mut data = self.store.lock();
+        data.entries.retain(|_, e| e.expires_at > now);
+        data.instances.retain(|_, t| *t > now);
         Ok(())
     }
 
@@ -129,13 +158,18 @@ impl AgentRegistry for MemoryRegistry {
         self.store.events.subscribe()
     }
 
+    async fn ping(&self) -> Result<(), RegistryError> {
+        Ok(())
+    }
+
     async fn remove_all_owned(&self) -> Result<(), RegistryError> {
-        let owned: Vec<Key> = self.lock_owned().drain().collect();
-        let mut entries = self.lock_entries();
+        let owned: Vec<Key> = self.owned().drain().collect();
+        let mut data = self.store.lock();
         for key in &owned {
-            entries.remove(key);
+            data.entries.remove(key);
         }
-        drop(entries);
+        data.instances.remove(&self.instance.instance_id);
+        drop(data);
         for (agent_id, _, connection_id) in owned {
             let _ = self.store.events.send(RegistryEvent::Disconnected { agent_id, connection_id });
         }
@@ -151,11 +185,11 @@ mod tests {
     struct Memory(MemoryStore);
 
     impl Backend for Memory {
-        async fn instance(&self, ttl: Duration) -> Arc<dyn AgentRegistry> {
-            Arc::new(MemoryRegistry::with_store(self.0.clone(), ttl))
+        async fn instance(&self, timing: RegistryTiming) -> Arc<dyn AgentRegistry> {
+            Arc::new(MemoryRegistry::with_store(self.0.clone(), conformance::instance_info(), timing))
         }
-        async fn isolated(&self, ttl: Duration) -> Arc<dyn AgentRegistry> {
-            Arc::new(MemoryRegistry::new(ttl))
+        async fn isolated(&self, timing: RegistryTiming) -> Arc<dyn AgentRegistry> {
+            Arc::new(MemoryRegistry::new(conformance::instance_info(), timing))
         }
     }
 

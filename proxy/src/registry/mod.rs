@@ -1,17 +1,29 @@
 //! The agent registry: which agent connections exist, across all kas instances.
 //!
-//! One trait, backends behind it (in-memory now; Redis for many replicas), one conformance suite
-//! ([`conformance`]) run against every backend.
+//! One trait, two backends ([`MemoryRegistry`] for a single kas, [`RedisRegistry`] for many
+//! replicas), one conformance suite ([`conformance`]) run against both.
+//!
+//! Each registry value belongs to one kas instance: it stamps the records it writes with the
+//! instance's id and internal address, refreshes them, heartbeats the instance, and on shutdown
+//! removes what it wrote. Readers only return records whose kas instance heartbeat is alive, so
+//! a crashed kas stops receiving traffic within the heartbeat TTL, not the record TTL.
 
 pub mod conformance;
 pub mod memory;
+pub mod redis;
+
+use std::time::Duration;
 
 use async_trait::async_trait;
-use kas_proto::kas::ConnectedAgentInfo;
+use kas_proto::kas::{ConnectedAgentInfo, KasInstanceInfo};
 use kas_proto::{AgentId, ConnectionId, ProjectId};
 use tokio::sync::broadcast;
 
-pub use memory::MemoryRegistry;
+pub use memory::{MemoryRegistry, MemoryStore};
+pub use redis::RedisRegistry;
+
+/// Buffered events per subscriber; a subscriber that lags re-scans (see the router).
+pub const EVENT_BUFFER: usize = 1024;
 
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{0}")]
@@ -32,6 +44,15 @@ impl RegistryEvent {
     }
 }
 
+/// Lifetimes of what a registry writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegistryTiming {
+    /// Connection records live this long without a refresh.
+    pub ttl: Duration,
+    /// A kas instance counts as alive this long after its last heartbeat.
+    pub heartbeat_ttl: Duration,
+}
+
 /// The key of a connection record.
 pub fn record_key(info: &ConnectedAgentInfo) -> (AgentId, ProjectId, ConnectionId) {
     (AgentId(info.id), ProjectId(info.project_id), ConnectionId(info.connection_id))
@@ -39,7 +60,11 @@ pub fn record_key(info: &ConnectedAgentInfo) -> (AgentId, ProjectId, ConnectionI
 
 #[async_trait]
 pub trait AgentRegistry: Send + Sync + 'static {
-    /// Records a connection held by this kas (agent and project indexes, same expiry).
+    /// This kas instance (id, version, commit, internal address).
+    fn instance(&self) -> &KasInstanceInfo;
+    /// Records a connection held by this kas (agent and project indexes, same expiry). The
+    /// record is stamped with this instance's id and internal address. If the write fails the
+    /// record is still kept locally and written by the next refresh.
     async fn register(&self, info: ConnectedAgentInfo) -> Result<(), RegistryError>;
     /// Removes a connection this kas registered.
     async fn unregister(
@@ -48,16 +73,31 @@ pub trait AgentRegistry: Send + Sync + 'static {
         project_id: ProjectId,
         connection_id: ConnectionId,
     ) -> Result<(), RegistryError>;
-    /// Extends the expiry of every record this kas wrote (called periodically).
+    /// Rewrites every record this kas owns with a new expiry (called periodically).
     async fn refresh(&self) -> Result<(), RegistryError>;
-    /// Removes stale records this kas owns (called periodically).
+    /// Marks this kas instance alive for another heartbeat TTL (called periodically).
+    async fn heartbeat(&self) -> Result<(), RegistryError>;
+    /// Removes expired fields of keys this kas wrote (called periodically).
     async fn gc(&self) -> Result<(), RegistryError>;
-    /// Live connections of an agent, from every kas.
+    /// Live connections of an agent held by live kas instances.
     async fn connections_by_agent_id(&self, agent_id: AgentId) -> Result<Vec<ConnectedAgentInfo>, RegistryError>;
-    /// Live connections of every agent of a configuration project, from every kas.
+    /// Live connections of the agents of a configuration project held by live kas instances.
     async fn connections_by_project_id(&self, project_id: ProjectId) -> Result<Vec<ConnectedAgentInfo>, RegistryError>;
     /// Connection events from every kas. Subscribe before looking up, so no event is missed.
     fn subscribe(&self) -> broadcast::Receiver<RegistryEvent>;
-    /// Removes everything this kas wrote (graceful shutdown, last step).
+    /// Whether the backend answered its last operation (readiness).
+    async fn ping(&self) -> Result<(), RegistryError>;
+    /// Removes everything this kas wrote, including its heartbeat (graceful shutdown, last).
     async fn remove_all_owned(&self) -> Result<(), RegistryError>;
+}
+
+/// Sorts records the same way in every backend (agent id, then connection id).
+pub(crate) fn sorted(mut v: Vec<ConnectedAgentInfo>) -> Vec<ConnectedAgentInfo> {
+    v.sort_by_key(|i| (i.id, i.connection_id));
+    v
+}
+
+/// A new random instance id.
+pub fn new_instance_id() -> String {
+    format!("{:016x}", rand::random::<u64>())
 }

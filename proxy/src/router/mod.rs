@@ -1,30 +1,48 @@
 //! The router: the one path every agent-bound call takes.
 //!
-//! It finds a tunnel for (agent, connection, method): an idle local tunnel at once, else it
-//! waits until one appears, until the caller's deadline, or until the configured maximum wait;
-//! then it says plainly whether the agent is not connected or just busy.
+//! For an external call it finds a tunnel for (agent, connection, method):
+//! 1. an idle tunnel on this kas, at once;
+//! 2. else a connection held by another live kas (from the registry), forwarded over
+//!    `KasInternal.ForwardTunnel` — trying the next connection when a peer answers "not here"
+//!    or is gone;
+//! 3. else it waits: subscribed to registry events *before* scanning (so no wake-up is lost),
+//!    parked in the local tunnel registry, until the agent connects here or anywhere, the caller
+//!    gives up, or the deadline passes; then it says plainly whether the agent is not connected
+//!    or just busy.
+//!
+//! The gateway kas (serving `KasInternal`) only uses [`Router::route_local`]: no discovery, so
+//! requests cannot loop between kas instances. Only the routing kas retries.
+
+pub mod peers;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use kas_proto::kas::ConnectedAgentInfo;
 use kas_proto::{AgentId, ConnectionId};
+use rand::seq::SliceRandom;
+use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
 
 use crate::error::KasError;
-use crate::registry::AgentRegistry;
-use crate::tunnel::{IdleTunnel, TunnelQuery, TunnelRegistry};
+use crate::registry::{AgentRegistry, RegistryEvent};
+use crate::tunnel::{TunnelIo, TunnelQuery, TunnelRegistry};
+use peers::{PeerError, Peers};
 
 /// How long a request waits for an agent when the caller sets no shorter deadline: long enough
 /// to ride out an agentk restart, short enough that a caller is not left hanging.
 pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(20);
-
 /// How much earlier than the caller's deadline the wait ends (at most 10% of the deadline).
 const DEADLINE_MARGIN: Duration = Duration::from_millis(50);
+/// Waiting requests are woken by pub-sub events; this slow re-scan only covers an event lost
+/// while the events subscription was re-established (e.g. Redis restarting).
+const RESCAN_INTERVAL: Duration = Duration::from_secs(5);
 
 #[derive(Clone)]
 pub struct Router {
     tunnels: TunnelRegistry,
     registry: Arc<dyn AgentRegistry>,
+    peers: Arc<Peers>,
     max_wait: Duration,
 }
 
@@ -33,10 +51,14 @@ pub struct Router {
 pub struct Target {
     pub agent_id: AgentId,
     pub connection_id: ConnectionId,
-    pub method: &'static str,
+    pub method: String,
 }
 
 impl Target {
+    pub fn new(agent_id: AgentId, connection_id: ConnectionId, method: &str) -> Self {
+        Self { agent_id, connection_id, method: method.to_owned() }
+    }
+
     pub fn validate(&self) -> Result<(), KasError> {
         if self.agent_id.0 <= 0 {
             return Err(KasError::InvalidArgument(format!(
@@ -54,41 +76,131 @@ impl Target {
     }
 
     fn query(&self) -> TunnelQuery {
-        TunnelQuery { agent_id: self.agent_id, connection_id: self.connection_id, method: self.method.to_owned() }
+        TunnelQuery { agent_id: self.agent_id, connection_id: self.connection_id, method: self.method.clone() }
     }
 }
 
+/// How a tunnel was found (for logs and metrics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouteKind {
+    Local,
+    Peer,
+}
+
 impl Router {
-    pub fn new(tunnels: TunnelRegistry, registry: Arc<dyn AgentRegistry>, max_wait: Duration) -> Self {
-        Self { tunnels, registry, max_wait }
+    pub fn new(
+        tunnels: TunnelRegistry,
+        registry: Arc<dyn AgentRegistry>,
+        peers: Arc<Peers>,
+        max_wait: Duration,
+    ) -> Self {
+        Self { tunnels, registry, peers, max_wait }
     }
 
-    /// Finds a tunnel for an external call (GitLab, REST): waits for the agent if needed.
-    pub async fn route(&self, target: &Target, caller_deadline: Option<Duration>) -> Result<IdleTunnel, KasError> {
-        target.validate()?;
-        let (wait, caller_bound) = match caller_deadline {
+    /// How long to wait, and whether the caller's deadline (not ours) is the limit.
+    fn wait_for(&self, caller_deadline: Option<Duration>) -> (Duration, bool) {
+        match caller_deadline {
             // End a little early: tonic's server enforces grpc-timeout too, and when it fires
             // first the caller gets a bare CANCELLED instead of this router's explanation.
             Some(d) if d < self.max_wait => (d.saturating_sub(DEADLINE_MARGIN.min(d / 10)), true),
             _ => (self.max_wait, false),
-        };
-        let started = Instant::now();
-        match tokio::time::timeout(wait, self.tunnels.find(target.query())).await {
-            Ok(Ok(tunnel)) => {
-                tracing::debug!(agent_id = %target.agent_id, connection_id = %tunnel.connection_id, method = target.method, waited = ?started.elapsed(), "routed to local tunnel");
-                Ok(tunnel)
-            }
-            Ok(Err(_stopped)) => Err(KasError::ShuttingDown),
-            Err(_elapsed) => Err(self.explain_timeout(target, started.elapsed(), caller_bound).await),
         }
     }
 
+    /// Finds a tunnel for an external call (GitLab, REST): local, via a peer, or after waiting.
+    pub async fn route(&self, target: &Target, caller_deadline: Option<Duration>) -> Result<TunnelIo, KasError> {
+        target.validate()?;
+        let started = Instant::now();
+        let (wait, caller_bound) = self.wait_for(caller_deadline);
+        let deadline = started + wait;
+        // Subscribe before scanning: a connection that appears after the scan wakes us.
+        let mut events = self.registry.subscribe();
+        if let Some(t) = self.tunnels.find_now(target.query()).await.map_err(|_| KasError::ShuttingDown)? {
+            return Ok(self.routed(target, t.io, RouteKind::Local, started));
+        }
+        if let Some(io) = self.try_peers(target, deadline).await? {
+            return Ok(self.routed(target, io, RouteKind::Peer, started));
+        }
+        let local = self.tunnels.find(target.query());
+        tokio::pin!(local);
+        let mut rescan_at = Instant::now() + RESCAN_INTERVAL;
+        loop {
+            let rescan = tokio::select! {
+                biased;
+                t = &mut local => {
+                    let t = t.map_err(|_| KasError::ShuttingDown)?;
+                    return Ok(self.routed(target, t.io, RouteKind::Local, started));
+                }
+                () = tokio::time::sleep_until(deadline) => {
+                    return Err(self.explain_timeout(target, started.elapsed(), caller_bound).await);
+                }
+                ev = events.recv() => match ev {
+                    Ok(RegistryEvent::Connected { agent_id, .. }) => agent_id == target.agent_id,
+                    Ok(RegistryEvent::Disconnected { .. }) => false,
+                    // Missed events: look again rather than miss the one that mattered.
+                    Err(RecvError::Lagged(_)) => true,
+                    Err(RecvError::Closed) => false,
+                },
+                () = tokio::time::sleep_until(rescan_at) => {
+                    rescan_at = Instant::now() + RESCAN_INTERVAL;
+                    true
+                }
+            };
+            if rescan && let Some(io) = self.try_peers(target, deadline).await? {
+                return Ok(self.routed(target, io, RouteKind::Peer, started));
+            }
+        }
+    }
+
+    fn routed(&self, target: &Target, io: TunnelIo, kind: RouteKind, started: Instant) -> TunnelIo {
+        tracing::debug!(agent_id = %target.agent_id, method = %target.method, route = ?kind, waited = ?started.elapsed(), "routed");
+        io
+    }
+
+    /// Connections of the agent held by other live kas instances, in random order (spreads load
+    /// across replicas).
+    async fn peer_candidates(&self, target: &Target) -> Vec<ConnectedAgentInfo> {
+        let own = &self.registry.instance().instance_id;
+        let mut candidates: Vec<ConnectedAgentInfo> = match self.registry.connections_by_agent_id(target.agent_id).await
+        {
+            Ok(all) => all
+                .into_iter()
+                .filter(|c| &c.kas_instance_id != own)
+                .filter(|c| target.connection_id.is_any() || c.connection_id == target.connection_id.0)
+                .collect(),
+            Err(e) => {
+                // Redis down: local routing still works; remote agents are unreachable for now.
+                tracing::warn!(agent_id = %target.agent_id, error = %e, "registry lookup failed");
+                Vec::new()
+            }
+        };
+        candidates.shuffle(&mut rand::rng());
+        candidates
+    }
+
+    /// Tries each peer holding a connection of the agent; `None` if none could take it.
+    async fn try_peers(&self, target: &Target, deadline: Instant) -> Result<Option<TunnelIo>, KasError> {
+        for candidate in self.peer_candidates(target).await {
+            let wait = deadline.saturating_duration_since(Instant::now());
+            if wait.is_zero() {
+                break;
+            }
+            match self.peers.open(&candidate, &target.method, wait).await {
+                Ok(io) => return Ok(Some(io)),
+                Err(PeerError::NotHere) => {
+                    tracing::debug!(agent_id = %target.agent_id, connection_id = candidate.connection_id, "peer does not hold the connection");
+                }
+                Err(PeerError::Unavailable(e)) => {
+                    tracing::warn!(agent_id = %target.agent_id, kas = %candidate.kas_instance_id, error = %e, "peer kas unavailable");
+                }
+                Err(PeerError::Failed(e)) => return Err(e),
+            }
+        }
+        Ok(None)
+    }
+
     /// Finds a tunnel of a connection this kas must hold itself (KasInternal: no discovery).
-    pub async fn route_local(
-        &self,
-        target: &Target,
-        caller_deadline: Option<Duration>,
-    ) -> Result<IdleTunnel, KasError> {
+    pub async fn route_local(&self, target: &Target, caller_deadline: Option<Duration>) -> Result<TunnelIo, KasError> {
         target.validate()?;
         if target.connection_id.is_any() {
             return Err(KasError::InvalidArgument("connection_id is required on the internal API".into()));
@@ -101,7 +213,13 @@ impl Router {
         if !here {
             return Err(KasError::NotHere { agent_id: target.agent_id, connection_id: target.connection_id });
         }
-        self.route(target, caller_deadline).await
+        let started = Instant::now();
+        let (wait, caller_bound) = self.wait_for(caller_deadline);
+        match tokio::time::timeout(wait, self.tunnels.find(target.query())).await {
+            Ok(Ok(t)) => Ok(t.io),
+            Ok(Err(_)) => Err(KasError::ShuttingDown),
+            Err(_) => Err(self.explain_timeout(target, started.elapsed(), caller_bound).await),
+        }
     }
 
     async fn explain_timeout(&self, target: &Target, waited: Duration, caller_bound: bool) -> KasError {

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use kas_proto::kas::{ConnectedAgentInfo, KasAddress};
+use kas_proto::kas::ConnectedAgentInfo;
 use kas_proto::tunnel::FrameOrder;
 use kas_proto::tunnel::pb::agent_tunnel_server::AgentTunnel;
 use kas_proto::tunnel::pb::{self, ConfigurationRequest, ConnectRequest, ConnectResponse, connect_request};
@@ -29,8 +29,6 @@ pub struct AgentService {
     pub configurations: Arc<dyn ConfigurationSource>,
     pub registry: Arc<dyn AgentRegistry>,
     pub tunnels: TunnelRegistry,
-    /// This kas's internal (kas -> kas) address, written into connection records.
-    pub kas_address: KasAddress,
     pub shutdown: CancellationToken,
 }
 
@@ -83,7 +81,9 @@ impl AgentTunnel for AgentService {
             pod_namespace: meta.pod_namespace,
             pod_name: meta.pod_name,
             connected_at: Some(now()),
-            kas_address: Some(self.kas_address.clone()),
+            // The registry stamps its kas instance id and internal address.
+            kas_address: None,
+            kas_instance_id: String::new(),
             project_id: agent.project_id.0,
         };
         // A registry failure must not stop local service: the record is rewritten on refresh.
@@ -136,8 +136,8 @@ impl AgentTunnel for AgentService {
             return Err(Status::invalid_argument("Descriptor.methods must name at least one method"));
         }
         let (tx, rx) = mpsc::channel(TUNNEL_SEND_BUFFER);
-        let io = TunnelIo::new(tx, inbound.boxed(), order);
-        self.tunnels.register(agent.agent_id, ConnectionId(descriptor.connection_id), descriptor.methods, io);
+        let (io, closed) = TunnelIo::local(tx, inbound.boxed(), order);
+        self.tunnels.register(agent.agent_id, ConnectionId(descriptor.connection_id), descriptor.methods, io, closed);
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 }

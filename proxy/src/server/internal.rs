@@ -1,24 +1,117 @@
 //! The internal listener: `KasInternal` for other kas. Its own secret; requests name the agent
 //! connection and are served from local tunnels only (no discovery, so no routing cycles).
 
+use futures::StreamExt;
 use kas_proto::kas::kas_internal_server::KasInternal;
 use kas_proto::kas::{GetPodsRequest, GetPodsResponse};
-use tonic::{Request, Response, Status};
+use kas_proto::metadata::{HOP_AGENT_ID, HOP_CONNECTION_ID, HOP_METHOD};
+use kas_proto::tunnel::pb::{ConnectRequest, ConnectResponse};
+use kas_proto::{AgentId, ConnectionId};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::MetadataMap;
+use tonic::{Request, Response, Status, Streaming};
 
+use crate::error::KasError;
 use crate::modules::get_pods::{self, Scope};
-use crate::router::Router;
+use crate::router::{Router, Target};
+use crate::tunnel::{TunnelReceiver, TunnelSender};
+
+/// Frames buffered towards the routing kas; HTTP/2 flow control does the rest.
+const FORWARD_BUFFER: usize = 16;
 
 pub struct InternalService {
     pub router: Router,
 }
 
+fn hop(md: &MetadataMap, key: &'static str) -> Result<String, KasError> {
+    md.get(key)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .ok_or_else(|| KasError::InvalidArgument(format!("missing {key} metadata")))
+}
+
+fn hop_id(md: &MetadataMap, key: &'static str) -> Result<i64, KasError> {
+    hop(md, key)?.parse().map_err(|_| KasError::InvalidArgument(format!("{key} must be an integer")))
+}
+
+/// routing kas -> agentk: request frames, in order, until CloseSend or the routing kas leaves.
+async fn pipe_requests(mut from_routing: Streaming<ConnectResponse>, to_agent: TunnelSender) {
+    loop {
+        match from_routing.next().await {
+            Some(Ok(frame)) => {
+                if let Err(e) = to_agent.send(frame).await {
+                    tracing::debug!(error = %e, "forwarding a request frame failed");
+                    return;
+                }
+            }
+            // The routing kas ended its side (after CloseSend) or went away.
+            None | Some(Err(_)) => return,
+        }
+    }
+}
+
+/// agentk -> routing kas: response frames until the response ends.
+async fn pipe_responses(mut from_agent: TunnelReceiver, to_routing: mpsc::Sender<Result<ConnectRequest, Status>>) {
+    loop {
+        match from_agent.recv().await {
+            Ok(Some(msg)) => {
+                if to_routing.send(Ok(ConnectRequest { msg: Some(msg) })).await.is_err() {
+                    return; // the routing kas went away; dropping the tunnel cancels agentk's work
+                }
+                if from_agent.is_done() {
+                    return;
+                }
+            }
+            Ok(None) => {
+                let _ = to_routing
+                    .send(Err(Status::unavailable("agentk closed the tunnel before the response ended")))
+                    .await;
+                return;
+            }
+            Err(e) => {
+                let _ = to_routing.send(Err(Status::unavailable(e.to_string()))).await;
+                return;
+            }
+        }
+    }
+}
+
 #[tonic::async_trait]
 impl KasInternal for InternalService {
+    type ForwardTunnelStream = ReceiverStream<Result<ConnectRequest, Status>>;
+
     async fn get_pods(&self, request: Request<GetPodsRequest>) -> Result<Response<GetPodsResponse>, Status> {
         let deadline = super::grpc_timeout(request.metadata());
         let metadata = kas_proto::metadata::forwarded(request.metadata());
         let response =
             get_pods::get_pods(&self.router, Scope::LocalOnly, request.into_inner(), metadata, deadline).await?;
         Ok(Response::new(response))
+    }
+
+    async fn forward_tunnel(
+        &self,
+        request: Request<Streaming<ConnectResponse>>,
+    ) -> Result<Response<Self::ForwardTunnelStream>, Status> {
+        let md = request.metadata();
+        let target = Target::new(
+            AgentId(hop_id(md, HOP_AGENT_ID)?),
+            ConnectionId(hop_id(md, HOP_CONNECTION_ID)?),
+            &hop(md, HOP_METHOD)?,
+        );
+        let deadline = super::grpc_timeout(md);
+        // NOT_FOUND here, before the response headers, tells the routing kas to try elsewhere.
+        let tunnel = self.router.route_local(&target, deadline).await?;
+        let (to_agent, from_agent) = tunnel.split();
+        let (tx, rx) = mpsc::channel(FORWARD_BUFFER);
+        let from_routing = request.into_inner();
+        tokio::spawn(async move {
+            // The response side decides when the exchange is over; the request side may end
+            // earlier (CloseSend) and must not cut the response.
+            let requests = tokio::spawn(pipe_requests(from_routing, to_agent));
+            pipe_responses(from_agent, tx).await;
+            requests.abort();
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
     }
 }

@@ -1,33 +1,94 @@
 //! kas's end of one tunnel: sends request frames, receives response frames, and checks both
-//! against the shared [`FrameOrder`].
+//! against the shared [`FrameOrder`]. The tunnel is either a local agentk tunnel or a
+//! `KasInternal.ForwardTunnel` stream to the kas that holds the agent's tunnel; callers cannot
+//! tell the difference.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use kas_proto::tunnel::pb::{self, ConnectRequest, ConnectResponse, connect_request};
-use kas_proto::tunnel::{FrameOrder, RequestFrame};
+use kas_proto::tunnel::{FrameOrder, FrameOrderError};
 use tokio::sync::mpsc;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tonic::Status;
 
 use crate::error::KasError;
 
-/// The sending half of a `Connect` response stream.
+/// The sending half of a `Connect` response stream (to agentk).
 pub type ToAgent = mpsc::Sender<Result<ConnectResponse, Status>>;
+/// The sending half of a `ForwardTunnel` request stream (to the gateway kas).
+pub type ToPeer = mpsc::Sender<ConnectResponse>;
+
+#[derive(Clone, Debug)]
+enum Outbound {
+    Agent(ToAgent),
+    Peer(ToPeer),
+}
+
+impl Outbound {
+    async fn send(&self, frame: ConnectResponse) -> Result<(), ()> {
+        match self {
+            Self::Agent(tx) => tx.send(Ok(frame)).await.map_err(|_| ()),
+            Self::Peer(tx) => tx.send(frame).await.map_err(|_| ()),
+        }
+    }
+
+    /// Ends the tunnel with a status. Towards a peer the stream is simply dropped (a client
+    /// cannot send a status); the gateway then drops the agent's tunnel.
+    fn fail(&self, status: Status) {
+        if let Self::Agent(tx) = self {
+            let _ = tx.try_send(Err(status));
+        }
+    }
+
+    fn is_closed(&self) -> bool {
+        match self {
+            Self::Agent(tx) => tx.is_closed(),
+            Self::Peer(tx) => tx.is_closed(),
+        }
+    }
+}
+
+type SharedOrder = Arc<Mutex<FrameOrder>>;
+
+fn check(
+    order: &SharedOrder,
+    f: impl FnOnce(&mut FrameOrder) -> Result<(), FrameOrderError>,
+) -> Result<(), FrameOrderError> {
+    // Never held across an await; a poisoned lock still holds a consistent state machine.
+    f(&mut order.lock().unwrap_or_else(PoisonError::into_inner))
+}
+
+fn lock(order: &SharedOrder) -> MutexGuard<'_, FrameOrder> {
+    order.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 pub struct TunnelIo {
-    to_agent: ToAgent,
-    from_agent: BoxStream<'static, Result<ConnectRequest, Status>>,
-    order: FrameOrder,
-    done: CancellationToken,
-    _done_on_drop: DropGuard,
+    sender: TunnelSender,
+    receiver: TunnelReceiver,
+}
+
+/// Sends request frames (RequestInfo, Message, CloseSend).
+pub struct TunnelSender {
+    out: Outbound,
+    order: SharedOrder,
+    _done: Arc<DropGuard>,
+}
+
+/// Receives response frames (Header, Message, Trailer | Error).
+pub struct TunnelReceiver {
+    from: BoxStream<'static, Result<ConnectRequest, Status>>,
+    out: Outbound,
+    order: SharedOrder,
+    _done: Arc<DropGuard>,
 }
 
 impl std::fmt::Debug for TunnelIo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TunnelIo").field("order", &self.order).finish_non_exhaustive()
+        f.debug_struct("TunnelIo").field("order", &*lock(&self.sender.order)).finish_non_exhaustive()
     }
 }
 
@@ -55,90 +116,124 @@ pub struct UnaryResponse {
 }
 
 impl TunnelIo {
-    /// `order` must already have seen the Descriptor.
-    pub fn new(
+    /// A local agentk tunnel; `order` must already have seen the Descriptor. Also returns the
+    /// signal that tells the tunnel registry when to forget the tunnel.
+    pub fn local(
         to_agent: ToAgent,
         from_agent: BoxStream<'static, Result<ConnectRequest, Status>>,
         order: FrameOrder,
-    ) -> Self {
+    ) -> (Self, ClosedSignal) {
         let done = CancellationToken::new();
-        Self { to_agent, from_agent, order, _done_on_drop: done.clone().drop_guard(), done }
+        let signal = ClosedSignal { to_agent: to_agent.clone(), done: done.clone() };
+        (Self::new(Outbound::Agent(to_agent), from_agent, order, done), signal)
     }
 
-    pub fn closed_signal(&self) -> ClosedSignal {
-        ClosedSignal { to_agent: self.to_agent.clone(), done: self.done.clone() }
+    /// A tunnel through another kas (its Descriptor was consumed there).
+    pub fn remote(to_peer: ToPeer, from_peer: BoxStream<'static, Result<ConnectRequest, Status>>) -> Self {
+        Self::new(Outbound::Peer(to_peer), from_peer, FrameOrder::after_descriptor(), CancellationToken::new())
+    }
+
+    fn new(
+        out: Outbound,
+        from: BoxStream<'static, Result<ConnectRequest, Status>>,
+        order: FrameOrder,
+        done: CancellationToken,
+    ) -> Self {
+        let order = Arc::new(Mutex::new(order));
+        let done = Arc::new(done.drop_guard());
+        Self {
+            sender: TunnelSender { out: out.clone(), order: order.clone(), _done: done.clone() },
+            receiver: TunnelReceiver { from, out, order, _done: done },
+        }
     }
 
     pub fn is_closed(&self) -> bool {
-        self.to_agent.is_closed()
+        self.sender.out.is_closed()
     }
 
-    /// Sends one frame to agentk.
-    pub async fn send(&mut self, frame: ConnectResponse) -> Result<(), KasError> {
-        let kind = frame.kind().map_err(|e| KasError::Internal(e.to_string()))?;
-        self.order.request(kind).map_err(|e| KasError::Internal(e.to_string()))?;
-        self.to_agent.send(Ok(frame)).await.map_err(|_| KasError::Tunnel("agentk closed the tunnel".into()))
+    pub fn split(self) -> (TunnelSender, TunnelReceiver) {
+        (self.sender, self.receiver)
     }
 
-    /// Receives one frame from agentk; `None` when agentk ended the stream. An out-of-order frame
-    /// ends the tunnel with INVALID_ARGUMENT and is returned as an error.
+    /// One request with one message, one response with one message.
+    pub async fn unary(
+        self,
+        method: &str,
+        metadata: HashMap<String, pb::MetadataValues>,
+        body: Bytes,
+    ) -> Result<UnaryResponse, KasError> {
+        let (sender, mut receiver) = self.split();
+        sender.send(ConnectResponse::request_info(pb::RequestInfo { method: method.to_owned(), metadata })).await?;
+        sender.send(ConnectResponse::message(body)).await?;
+        sender.send(ConnectResponse::close_send()).await?;
+        let mut header = HashMap::new();
+        let mut body = None;
+        loop {
+            match receiver.recv().await? {
+                None => return Err(KasError::Tunnel("agentk closed the tunnel before the response ended".into())),
+                Some(connect_request::Msg::Header(h)) => header = h.metadata,
+                Some(connect_request::Msg::Message(m)) => {
+                    if body.replace(m.data).is_some() {
+                        return Err(receiver.abort("more than one response message for a unary call"));
+                    }
+                }
+                Some(connect_request::Msg::Trailer(_)) => break,
+                Some(connect_request::Msg::Error(e)) => return Err(agent_error(e)),
+                Some(connect_request::Msg::Descriptor(_)) => {
+                    return Err(KasError::Internal("descriptor passed the frame-order check".into()));
+                }
+            }
+        }
+        let body = body.ok_or_else(|| receiver.abort("no response message for a unary call"))?;
+        Ok(UnaryResponse { header, body })
+    }
+}
+
+/// An `Error` frame from agentk as the caller sees it.
+pub fn agent_error(e: pb::Error) -> KasError {
+    let status = Status::from(e);
+    KasError::AgentError { code: status.code(), message: status.message().to_owned() }
+}
+
+impl TunnelSender {
+    /// Sends one frame (checked against the frame order first).
+    pub async fn send(&self, frame: ConnectResponse) -> Result<(), KasError> {
+        check(&self.order, |o| frame.kind().and_then(|kind| o.request(kind)))
+            .map_err(|e| KasError::InvalidArgument(e.to_string()))?;
+        self.out.send(frame).await.map_err(|()| KasError::Tunnel("the tunnel closed".into()))
+    }
+}
+
+impl TunnelReceiver {
+    /// Receives one frame; `None` when the stream ended. An out-of-order frame ends the tunnel
+    /// with INVALID_ARGUMENT and is returned as an error.
     pub async fn recv(&mut self) -> Result<Option<connect_request::Msg>, KasError> {
-        let frame = match self.from_agent.next().await {
+        let frame = match self.from.next().await {
             None => return Ok(None),
-            Some(Err(status)) => return Err(KasError::Tunnel(format!("tunnel stream failed: {}", status.message()))),
+            Some(Err(status)) => return Err(stream_error(status)),
             Some(Ok(frame)) => frame,
         };
-        let checked = frame.kind().and_then(|kind| self.order.response(kind));
-        if let Err(violation) = checked {
-            let _ = self.to_agent.try_send(Err(violation.clone().into()));
+        if let Err(violation) = check(&self.order, |o| frame.kind().and_then(|kind| o.response(kind))) {
+            self.out.fail(violation.clone().into());
             tracing::warn!(error = %violation, "agentk broke the tunnel protocol");
             return Err(KasError::Tunnel(violation.to_string()));
         }
         Ok(frame.msg)
     }
 
-    /// One request with one message, one response with one message.
-    pub async fn unary(
-        mut self,
-        method: &str,
-        metadata: HashMap<String, pb::MetadataValues>,
-        body: Bytes,
-    ) -> Result<UnaryResponse, KasError> {
-        self.send(ConnectResponse::request_info(pb::RequestInfo { method: method.to_owned(), metadata })).await?;
-        self.send(ConnectResponse::message(body)).await?;
-        self.send(ConnectResponse::close_send()).await?;
-        let mut header = HashMap::new();
-        let mut body = None;
-        loop {
-            match self.recv().await? {
-                None => return Err(KasError::Tunnel("agentk closed the tunnel before the response ended".into())),
-                Some(connect_request::Msg::Header(h)) => header = h.metadata,
-                Some(connect_request::Msg::Message(m)) => {
-                    if body.replace(m.data).is_some() {
-                        return Err(self.abort("more than one response message for a unary call"));
-                    }
-                }
-                Some(connect_request::Msg::Trailer(_)) => break,
-                Some(connect_request::Msg::Error(e)) => {
-                    let status = Status::from(e);
-                    return Err(KasError::AgentError { code: status.code(), message: status.message().to_owned() });
-                }
-                Some(connect_request::Msg::Descriptor(_)) => {
-                    return Err(KasError::Internal("descriptor passed the frame-order check".into()));
-                }
-            }
-        }
-        let body = body.ok_or_else(|| self.abort("no response message for a unary call"))?;
-        Ok(UnaryResponse { header, body })
+    /// Whether the response has ended (Trailer or Error seen).
+    pub fn is_done(&self) -> bool {
+        lock(&self.order).is_done()
     }
 
     fn abort(&self, why: &str) -> KasError {
-        let _ = self.to_agent.try_send(Err(Status::invalid_argument(why.to_owned())));
+        self.out.fail(Status::invalid_argument(why.to_owned()));
         KasError::Tunnel(why.to_owned())
     }
+}
 
-    /// Whether the request side may still send (for streaming callers).
-    pub fn request_frame_allowed(&self, frame: RequestFrame) -> bool {
-        self.order.clone().request(frame).is_ok()
-    }
+/// A failed tunnel stream (agentk went away, or the gateway kas ended the forwarded stream; agent
+/// errors travel as `Error` frames, not as stream statuses).
+fn stream_error(status: Status) -> KasError {
+    KasError::Tunnel(format!("tunnel stream failed: {}", status.message()))
 }

@@ -13,7 +13,7 @@ use kas_proto::{AgentId, ConnectionId};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-pub use io::{ToAgent, TunnelIo};
+pub use io::{ClosedSignal, ToAgent, ToPeer, TunnelIo, TunnelReceiver, TunnelSender, UnaryResponse, agent_error};
 
 /// What a request needs from a tunnel.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,6 +57,7 @@ enum Command {
     Register(IdleTunnel),
     Remove { agent_id: AgentId, id: u64 },
     Find { query: TunnelQuery, reply: oneshot::Sender<IdleTunnel> },
+    FindNow { query: TunnelQuery, reply: oneshot::Sender<Option<IdleTunnel>> },
     Stats { reply: oneshot::Sender<TunnelStats> },
 }
 
@@ -104,10 +105,16 @@ impl TunnelRegistry {
         rx.await.map_err(|_| Stopped)
     }
 
-    /// Adds an idle tunnel; it is removed again when agentk goes away.
-    pub fn register(&self, agent_id: AgentId, connection_id: ConnectionId, methods: Vec<String>, io: TunnelIo) {
+    /// Adds an idle tunnel; it is removed again when agentk goes away (`closed`).
+    pub fn register(
+        &self,
+        agent_id: AgentId,
+        connection_id: ConnectionId,
+        methods: Vec<String>,
+        io: TunnelIo,
+        closed: ClosedSignal,
+    ) {
         let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let closed = io.closed_signal();
         let tunnel = IdleTunnel { agent_id, connection_id, methods, io, id };
         if self.tx.send(Command::Register(tunnel)).is_err() {
             return; // shutting down: dropping the tunnel ends it
@@ -123,6 +130,13 @@ impl TunnelRegistry {
     pub async fn find(&self, query: TunnelQuery) -> Result<IdleTunnel, Stopped> {
         let (reply, rx) = oneshot::channel();
         self.tx.send(Command::Find { query, reply }).map_err(|_| Stopped)?;
+        rx.await.map_err(|_| Stopped)
+    }
+
+    /// An idle tunnel matching the query if there is one right now; never waits.
+    pub async fn find_now(&self, query: TunnelQuery) -> Result<Option<IdleTunnel>, Stopped> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(Command::FindNow { query, reply }).map_err(|_| Stopped)?;
         rx.await.map_err(|_| Stopped)
     }
 
@@ -176,6 +190,12 @@ impl State {
                 }
             }
             Command::Find { query, reply } => self.find(query, reply),
+            Command::FindNow { query, reply } => {
+                let tunnel = self.take_idle(&query);
+                if let Err(Some(back)) = reply.send(tunnel) {
+                    self.idle.entry(back.agent_id).or_default().push(back); // the caller is gone
+                }
+            }
             Command::Stats { reply } => {
                 let _ = reply.send(TunnelStats {
                     connections: self.connections.values().map(HashSet::len).sum(),
@@ -212,18 +232,22 @@ impl State {
         }
     }
 
+    /// Removes and returns an idle tunnel serving the query, if any.
+    fn take_idle(&mut self, query: &TunnelQuery) -> Option<IdleTunnel> {
+        let list = self.idle.get_mut(&query.agent_id)?;
+        // Tunnels whose agentk went away are dropped here too, not only by their watcher.
+        list.retain(|t| !t.io.is_closed());
+        // Most recently registered first: older tunnels are likelier to be half-dead.
+        let pos = list.iter().rposition(|t| t.serves(query))?;
+        Some(list.swap_remove(pos))
+    }
+
     fn find(&mut self, query: TunnelQuery, reply: oneshot::Sender<IdleTunnel>) {
-        if let Some(list) = self.idle.get_mut(&query.agent_id) {
-            // Tunnels whose agentk went away are dropped here too, not only by their watcher.
-            list.retain(|t| !t.io.is_closed());
-            // Most recently registered first: older tunnels are likelier to be half-dead.
-            if let Some(pos) = list.iter().rposition(|t| t.serves(&query)) {
-                let tunnel = list.swap_remove(pos);
-                if let Err(back) = reply.send(tunnel) {
-                    list.push(back); // the caller is gone already; keep the tunnel
-                }
-                return;
+        if let Some(tunnel) = self.take_idle(&query) {
+            if let Err(back) = reply.send(tunnel) {
+                self.idle.entry(back.agent_id).or_default().push(back); // the caller is gone already
             }
+            return;
         }
         if reply.is_closed() {
             return;

@@ -27,16 +27,12 @@ pub async fn get_pods(
     metadata: HashMap<String, MetadataValues>,
     deadline: Option<Duration>,
 ) -> Result<GetPodsResponse, KasError> {
-    let target = Target {
-        agent_id: AgentId(request.agent_id),
-        connection_id: ConnectionId(request.connection_id),
-        method: get_pods::METHOD,
-    };
+    let target = Target::new(AgentId(request.agent_id), ConnectionId(request.connection_id), get_pods::METHOD);
     let tunnel = match scope {
         Scope::External => router.route(&target, deadline).await?,
         Scope::LocalOnly => router.route_local(&target, deadline).await?,
     };
-    let response = tunnel.io.unary(get_pods::METHOD, metadata, Bytes::from(request.encode_to_vec())).await?;
+    let response = tunnel.unary(get_pods::METHOD, metadata, Bytes::from(request.encode_to_vec())).await?;
     GetPodsResponse::decode(response.body)
         .map_err(|e| KasError::Tunnel(format!("agentk sent an invalid GetPods response: {e}")))
 }

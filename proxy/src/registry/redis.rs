@@ -1,0 +1,469 @@
+//! Redis registry: the backend for many kas replicas.
+//!
+//! Layout (all keys under a configurable prefix `P`):
+//! - `P:agent:<agent id>` and `P:project:<project id>`: hashes, field = connection id, value =
+//!   `ExpiringValue { expires_at, ConnectedAgentInfo }`. Both are written in one MULTI/EXEC with
+//!   the same expiry, and the keys get a PEXPIRE of the record TTL.
+//! - `P:kas:<instance id>`: this kas's `KasInstanceInfo`, with a short TTL (the heartbeat).
+//! - `P:events`: pub-sub channel of `ConnectionEvent`s.
+//!
+//! Every write this kas makes is remembered locally (`owned`), so a refresh rewrites all of it in
+//! one pipelined transaction (one round trip however many agents), and a registration that
+//! failed while Redis was down is written by the next refresh once Redis is back.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::StreamExt;
+use kas_proto::kas::{ConnectedAgentInfo, KasInstanceInfo};
+use kas_proto::registry::{ConnectionEvent, ExpiringValue, connection_event};
+use kas_proto::{AgentId, ConnectionId, ProjectId};
+use prost::Message;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{AsyncCommands, IntoConnectionInfo};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{OnceCell, broadcast};
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+use super::{AgentRegistry, EVENT_BUFFER, RegistryError, RegistryEvent, RegistryTiming, record_key, sorted};
+
+/// A Redis call that takes longer is failed: a slow Redis must not stall routing.
+pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
+pub const DEFAULT_KEY_PREFIX: &str = "kas";
+/// Longest pause between attempts to re-subscribe to the events channel.
+const SUBSCRIBE_BACKOFF_CAP: Duration = Duration::from_secs(5);
+
+/// `registry.redis` in the kas config.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisConfig {
+    /// `redis://host:port[/db]`, `rediss://host:port` (TLS) or `unix:///path/to/redis.sock`.
+    pub url: String,
+    /// ACL user name (Redis 6+); the URL may carry one too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    /// File holding the password (plain text, surrounding whitespace ignored).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_file: Option<PathBuf>,
+    /// Prefix of every key and of the events channel; kas sharing a prefix share a registry.
+    #[serde(default = "default_prefix")]
+    pub key_prefix: String,
+    /// Calls slower than this fail (routing falls back to what it knows locally).
+    #[serde(default = "default_response_timeout", with = "humantime_serde")]
+    pub response_timeout: Duration,
+}
+
+fn default_prefix() -> String {
+    DEFAULT_KEY_PREFIX.to_owned()
+}
+
+fn default_response_timeout() -> Duration {
+    DEFAULT_RESPONSE_TIMEOUT
+}
+
+impl RedisConfig {
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            username: None,
+            password_file: None,
+            key_prefix: default_prefix(),
+            response_timeout: DEFAULT_RESPONSE_TIMEOUT,
+        }
+    }
+}
+
+fn err(context: &str, e: impl std::fmt::Display) -> RegistryError {
+    RegistryError(format!("redis {context}: {e}"))
+}
+
+struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    fn agent(&self, id: AgentId) -> String {
+        format!("{}:agent:{id}", self.prefix)
+    }
+    fn project(&self, id: ProjectId) -> String {
+        format!("{}:project:{id}", self.prefix)
+    }
+    fn instance(&self, id: &str) -> String {
+        format!("{}:kas:{id}", self.prefix)
+    }
+    fn events(&self) -> String {
+        format!("{}:events", self.prefix)
+    }
+}
+
+#[derive(Debug, Clone)]
+struct OwnedRecord {
+    project_id: ProjectId,
+    info: Bytes,
+}
+
+pub struct RedisRegistry {
+    client: redis::Client,
+    conn: OnceCell<ConnectionManager>,
+    manager_config: ConnectionManagerConfig,
+    keys: Keys,
+    instance: KasInstanceInfo,
+    timing: RegistryTiming,
+    owned: Mutex<HashMap<(AgentId, ConnectionId), OwnedRecord>>,
+    /// Hash keys this kas has written (what GC sweeps).
+    written_keys: Mutex<HashSet<String>>,
+    events: broadcast::Sender<RegistryEvent>,
+    round_trips: AtomicU64,
+    _stop_subscriber: DropGuard,
+}
+
+impl std::fmt::Debug for RedisRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisRegistry").field("prefix", &self.keys.prefix).finish_non_exhaustive()
+    }
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or_default()
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn expiring(info: &Bytes, ttl: Duration) -> Vec<u8> {
+    ExpiringValue { expires_at_unix_ms: now_ms() + ms(ttl), value: info.clone() }.encode_to_vec()
+}
+
+fn event_bytes(
+    kind: connection_event::Kind,
+    agent_id: AgentId,
+    connection_id: ConnectionId,
+    instance: &str,
+) -> Vec<u8> {
+    ConnectionEvent {
+        kind: kind as i32,
+        agent_id: agent_id.0,
+        connection_id: connection_id.0,
+        kas_instance_id: instance.to_owned(),
+    }
+    .encode_to_vec()
+}
+
+impl RedisRegistry {
+    /// Prepares the registry and starts the events subscriber. Connects lazily: kas starts (and
+    /// serves local agents) while Redis is down.
+    pub fn new(config: &RedisConfig, instance: KasInstanceInfo, timing: RegistryTiming) -> Result<Self, RegistryError> {
+        let mut info = config.url.as_str().into_connection_info().map_err(|e| err("url", e))?;
+        let mut settings = info.redis_settings().clone();
+        if let Some(user) = &config.username {
+            settings = settings.set_username(user);
+        }
+        if let Some(path) = &config.password_file {
+            let password = std::fs::read_to_string(path)
+                .map_err(|e| RegistryError(format!("cannot read redis password file {}: {e}", path.display())))?;
+            settings = settings.set_password(password.trim());
+        }
+        info = info.set_redis_settings(settings);
+        let client = redis::Client::open(info).map_err(|e| err("client", e))?;
+        let keys = Keys { prefix: config.key_prefix.clone() };
+        let (events, _) = broadcast::channel(EVENT_BUFFER);
+        let stop = CancellationToken::new();
+        tokio::spawn(subscribe_events(client.clone(), keys.events(), events.clone(), stop.clone()));
+        let manager_config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(config.response_timeout))
+            .set_connection_timeout(Some(config.response_timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_secs(1));
+        Ok(Self {
+            client,
+            conn: OnceCell::new(),
+            manager_config,
+            keys,
+            instance,
+            timing,
+            owned: Mutex::default(),
+            written_keys: Mutex::default(),
+            events,
+            round_trips: AtomicU64::new(0),
+            _stop_subscriber: stop.drop_guard(),
+        })
+    }
+
+    /// Round trips to Redis so far (benchmarks check a refresh costs one, whatever the count).
+    pub fn round_trips(&self) -> u64 {
+        self.round_trips.load(Ordering::Relaxed)
+    }
+
+    async fn conn(&self) -> Result<ConnectionManager, RegistryError> {
+        // Concurrent first callers share one connection attempt; a failed attempt is retried by
+        // the next call. ConnectionManager reconnects by itself afterwards.
+        self.conn
+            .get_or_try_init(|| self.client.get_connection_manager_with_config(self.manager_config.clone()))
+            .await
+            .cloned()
+            .map_err(|e| err("connect", e))
+    }
+
+    async fn query<T: redis::FromRedisValue>(&self, context: &str, pipe: &redis::Pipeline) -> Result<T, RegistryError> {
+        let mut conn = self.conn().await?;
+        self.round_trips.fetch_add(1, Ordering::Relaxed);
+        pipe.query_async(&mut conn).await.map_err(|e| err(context, e))
+    }
+
+    fn owned(&self) -> MutexGuard<'_, HashMap<(AgentId, ConnectionId), OwnedRecord>> {
+        self.owned.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn written_keys(&self) -> MutexGuard<'_, HashSet<String>> {
+        self.written_keys.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Adds the writes of one connection record to a pipeline.
+    fn write_record(
+        &self,
+        pipe: &mut redis::Pipeline,
+        agent_id: AgentId,
+        connection_id: ConnectionId,
+        r: &OwnedRecord,
+    ) {
+        let value = expiring(&r.info, self.timing.ttl);
+        let ttl = ms(self.timing.ttl);
+        let field = connection_id.0.to_string();
+        for key in [self.keys.agent(agent_id), self.keys.project(r.project_id)] {
+            pipe.hset(&key, &field, value.as_slice()).ignore().pexpire(&key, ttl).ignore();
+        }
+    }
+
+    /// Reads a hash of connection records: live ones of live kas instances; deletes expired
+    /// fields on the way.
+    async fn read(&self, key: String) -> Result<Vec<ConnectedAgentInfo>, RegistryError> {
+        let fields: HashMap<String, Vec<u8>> =
+            self.query("read", redis::pipe().hgetall(&key)).await.map(|(v,): (HashMap<String, Vec<u8>>,)| v)?;
+        let now = now_ms();
+        let mut expired = Vec::new();
+        let mut live = Vec::new();
+        for (field, raw) in fields {
+            let decoded = ExpiringValue::decode(raw.as_slice())
+                .ok()
+                .filter(|v| v.expires_at_unix_ms > now)
+                .and_then(|v| ConnectedAgentInfo::decode(v.value).ok());
+            match decoded {
+                Some(info) => live.push(info),
+                None => expired.push(field),
+            }
+        }
+        if !expired.is_empty() {
+            let mut pipe = redis::pipe();
+            pipe.hdel(&key, expired).ignore();
+            if let Err(e) = self.query::<()>("delete expired", &pipe).await {
+                tracing::debug!(error = %e, "deleting expired registry fields failed");
+            }
+        }
+        let instances: Vec<String> = {
+            let set: HashSet<&str> = live.iter().map(|i| i.kas_instance_id.as_str()).collect();
+            set.into_iter().map(str::to_owned).collect()
+        };
+        if instances.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for id in &instances {
+            pipe.exists(self.keys.instance(id));
+        }
+        let alive: Vec<bool> = self.query("heartbeats", &pipe).await?;
+        let alive: HashSet<&str> = instances.iter().zip(alive).filter(|(_, a)| *a).map(|(id, _)| id.as_str()).collect();
+        Ok(sorted(live.into_iter().filter(|i| alive.contains(i.kas_instance_id.as_str())).collect()))
+    }
+}
+
+#[async_trait]
+impl AgentRegistry for RedisRegistry {
+    fn instance(&self) -> &KasInstanceInfo {
+        &self.instance
+    }
+
+    async fn register(&self, mut info: ConnectedAgentInfo) -> Result<(), RegistryError> {
+        info.kas_instance_id.clone_from(&self.instance.instance_id);
+        info.kas_address.clone_from(&self.instance.address);
+        let (agent_id, project_id, connection_id) = record_key(&info);
+        let record = OwnedRecord { project_id, info: Bytes::from(info.encode_to_vec()) };
+        // Remembered first: if Redis is down, the next refresh writes it.
+        self.owned().insert((agent_id, connection_id), record.clone());
+        self.written_keys().extend([self.keys.agent(agent_id), self.keys.project(project_id)]);
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        self.write_record(&mut pipe, agent_id, connection_id, &record);
+        let event = event_bytes(connection_event::Kind::Connected, agent_id, connection_id, &self.instance.instance_id);
+        pipe.publish(self.keys.events(), event).ignore();
+        self.query("register", &pipe).await
+    }
+
+    async fn unregister(
+        &self,
+        agent_id: AgentId,
+        project_id: ProjectId,
+        connection_id: ConnectionId,
+    ) -> Result<(), RegistryError> {
+        self.owned().remove(&(agent_id, connection_id));
+        let field = connection_id.0.to_string();
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .hdel(self.keys.agent(agent_id), &field)
+            .ignore()
+            .hdel(self.keys.project(project_id), &field)
+            .ignore()
+            .publish(
+                self.keys.events(),
+                event_bytes(connection_event::Kind::Disconnected, agent_id, connection_id, &self.instance.instance_id),
+            )
+            .ignore();
+        self.query("unregister", &pipe).await
+    }
+
+    async fn refresh(&self) -> Result<(), RegistryError> {
+        let owned: Vec<_> = self.owned().iter().map(|(k, v)| (*k, v.clone())).collect();
+        if owned.is_empty() {
+            return Ok(());
+        }
+        // One transaction, one round trip, however many connections this kas holds.
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        for ((agent_id, connection_id), record) in &owned {
+            self.write_record(&mut pipe, *agent_id, *connection_id, record);
+        }
+        self.query("refresh", &pipe).await
+    }
+
+    async fn heartbeat(&self) -> Result<(), RegistryError> {
+        let mut pipe = redis::pipe();
+        pipe.pset_ex(
+            self.keys.instance(&self.instance.instance_id),
+            self.instance.encode_to_vec(),
+            u64::try_from(ms(self.timing.heartbeat_ttl)).unwrap_or(u64::MAX),
+        )
+        .ignore();
+        self.query("heartbeat", &pipe).await
+    }
+
+    async fn gc(&self) -> Result<(), RegistryError> {
+        let keys: Vec<String> = self.written_keys().iter().cloned().collect();
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let mut pipe = redis::pipe();
+        for key in &keys {
+            pipe.hgetall(key);
+        }
+        let hashes: Vec<HashMap<String, Vec<u8>>> = self.query("gc read", &pipe).await?;
+        let now = now_ms();
+        let mut pipe = redis::pipe();
+        let mut deletes = 0;
+        for (key, fields) in keys.iter().zip(&hashes) {
+            let expired: Vec<&String> = fields
+                .iter()
+                .filter(|(_, raw)| ExpiringValue::decode(raw.as_slice()).map_or(true, |v| v.expires_at_unix_ms <= now))
+                .map(|(f, _)| f)
+                .collect();
+            if !expired.is_empty() {
+                pipe.hdel(key, expired).ignore();
+                deletes += 1;
+            }
+        }
+        // Keys that are gone (expired or emptied) need no more sweeping.
+        let empty: HashSet<&String> = keys.iter().zip(&hashes).filter(|(_, h)| h.is_empty()).map(|(k, _)| k).collect();
+        self.written_keys().retain(|k| !empty.contains(k));
+        if deletes > 0 {
+            self.query::<()>("gc delete", &pipe).await?;
+        }
+        Ok(())
+    }
+
+    async fn connections_by_agent_id(&self, agent_id: AgentId) -> Result<Vec<ConnectedAgentInfo>, RegistryError> {
+        self.read(self.keys.agent(agent_id)).await
+    }
+
+    async fn connections_by_project_id(&self, project_id: ProjectId) -> Result<Vec<ConnectedAgentInfo>, RegistryError> {
+        self.read(self.keys.project(project_id)).await
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<RegistryEvent> {
+        self.events.subscribe()
+    }
+
+    async fn ping(&self) -> Result<(), RegistryError> {
+        let mut conn = self.conn().await?;
+        let _: String = conn.ping().await.map_err(|e| err("ping", e))?;
+        Ok(())
+    }
+
+    async fn remove_all_owned(&self) -> Result<(), RegistryError> {
+        let owned: Vec<_> = self.owned().drain().collect();
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        for ((agent_id, connection_id), record) in &owned {
+            let field = connection_id.0.to_string();
+            pipe.hdel(self.keys.agent(*agent_id), &field).ignore();
+            pipe.hdel(self.keys.project(record.project_id), &field).ignore();
+            let event = event_bytes(
+                connection_event::Kind::Disconnected,
+                *agent_id,
+                *connection_id,
+                &self.instance.instance_id,
+            );
+            pipe.publish(self.keys.events(), event).ignore();
+        }
+        pipe.del(self.keys.instance(&self.instance.instance_id)).ignore();
+        self.query("remove all", &pipe).await
+    }
+}
+
+/// Forwards the events channel to local subscribers, re-subscribing after Redis failures.
+async fn subscribe_events(
+    client: redis::Client,
+    channel: String,
+    events: broadcast::Sender<RegistryEvent>,
+    stop: CancellationToken,
+) {
+    let mut delay = Duration::from_millis(50);
+    loop {
+        let session = async {
+            let mut pubsub = client.get_async_pubsub().await.map_err(|e| err("subscribe", e))?;
+            pubsub.subscribe(&channel).await.map_err(|e| err("subscribe", e))?;
+            tracing::debug!(%channel, "subscribed to registry events");
+            let mut messages = pubsub.on_message();
+            while let Some(msg) = messages.next().await {
+                let Ok(ev) = ConnectionEvent::decode(msg.get_payload_bytes()) else { continue };
+                let (agent_id, connection_id) = (AgentId(ev.agent_id), ConnectionId(ev.connection_id));
+                let event = match connection_event::Kind::try_from(ev.kind) {
+                    Ok(connection_event::Kind::Connected) => RegistryEvent::Connected { agent_id, connection_id },
+                    Ok(connection_event::Kind::Disconnected) => RegistryEvent::Disconnected { agent_id, connection_id },
+                    _ => continue,
+                };
+                let _ = events.send(event);
+            }
+            Ok::<_, RegistryError>(())
+        };
+        tokio::select! {
+            () = stop.cancelled() => return,
+            r = session => match r {
+                // The subscription worked until Redis went away: retry quickly.
+                Ok(()) => {
+                    tracing::warn!("registry events subscription ended; re-subscribing");
+                    delay = Duration::from_millis(50);
+                }
+                Err(e) => tracing::warn!(error = %e, "registry events subscription failed; retrying"),
+            },
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(SUBSCRIBE_BACKOFF_CAP);
+    }
+}

@@ -1,0 +1,90 @@
+//! A private `redis-server` per test: TCP disabled (port 0), a unix socket in a temp dir, no
+//! persistence, killed on drop. It can be stopped and started again on the same socket to test
+//! Redis restarts.
+#![allow(clippy::unwrap_used)] // test support: a failed unwrap is a failed test
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use tokio::process::{Child, Command};
+
+pub struct RedisServer {
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+/// Fails (never skips) when redis-server is missing, with how to install it.
+fn redis_server_binary() -> &'static str {
+    let found = std::process::Command::new("redis-server").arg("--version").output().is_ok_and(|o| o.status.success());
+    assert!(found, "redis-server is required for this test: install it with `apt-get install redis-server`");
+    "redis-server"
+}
+
+impl RedisServer {
+    pub async fn start() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut server = Self { dir, child: None };
+        server.start_again().await;
+        server
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("redis.sock")
+    }
+
+    /// The URL kas uses.
+    pub fn url(&self) -> String {
+        format!("unix://{}", self.socket().display())
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// Starts the server (again) on the same socket and waits until it answers.
+    pub async fn start_again(&mut self) {
+        assert!(self.child.is_none(), "already running");
+        let socket = self.socket();
+        let _ = std::fs::remove_file(&socket);
+        let child = Command::new(redis_server_binary())
+            .args(["--port", "0", "--unixsocket"])
+            .arg(&socket)
+            .args(["--unixsocketperm", "700", "--save", "", "--appendonly", "no", "--dir"])
+            .arg(self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn redis-server");
+        self.child = Some(child);
+        wait_until_answering(&socket).await;
+    }
+
+    /// Kills the server (as a crash would) and waits until it is gone.
+    pub async fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill().await;
+        }
+    }
+
+    /// A raw command through redis-cli semantics, for assertions (e.g. KEYS).
+    pub async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> T {
+        let client = redis::Client::open(self.url()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        cmd.query_async(&mut conn).await.unwrap()
+    }
+}
+
+async fn wait_until_answering(socket: &Path) {
+    let url = format!("unix://{}", socket.display());
+    crate::eventually!(
+        async {
+            let Ok(client) = redis::Client::open(url.as_str()) else { return false };
+            let Ok(mut conn) = client.get_multiplexed_async_connection().await else { return false };
+            redis::cmd("PING").query_async::<String>(&mut conn).await.is_ok()
+        }
+        .await,
+        "redis-server answering on {}",
+        socket.display()
+    );
+}

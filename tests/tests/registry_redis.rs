@@ -1,0 +1,75 @@
+//! The registry conformance suite against a real redis-server, and Redis-specific properties.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
+use std::sync::Arc;
+
+use kas::registry::conformance::{self, Backend};
+use kas::registry::redis::{RedisConfig, RedisRegistry};
+use kas::registry::{AgentRegistry, RegistryTiming};
+use kas_e2e::RedisServer;
+
+struct Redis {
+    url: String,
+    prefix: String,
+}
+
+fn registry(url: &str, prefix: &str, timing: RegistryTiming) -> RedisRegistry {
+    let mut config = RedisConfig::new(url);
+    config.key_prefix = prefix.to_owned();
+    RedisRegistry::new(&config, conformance::instance_info(), timing).unwrap()
+}
+
+impl Backend for Redis {
+    async fn instance(&self, timing: RegistryTiming) -> Arc<dyn AgentRegistry> {
+        let r = registry(&self.url, &self.prefix, timing);
+        r.heartbeat().await.unwrap();
+        Arc::new(r)
+    }
+
+    async fn isolated(&self, timing: RegistryTiming) -> Arc<dyn AgentRegistry> {
+        let r = registry(&self.url, &format!("isolated-{}", rand::random::<u32>()), timing);
+        r.heartbeat().await.unwrap();
+        Arc::new(r)
+    }
+}
+
+#[tokio::test]
+async fn conformance_against_real_redis() {
+    let server = RedisServer::start().await;
+    conformance::run_all(&Redis { url: server.url(), prefix: "conformance".into() }).await;
+}
+
+#[tokio::test]
+async fn a_refresh_is_one_round_trip_whatever_the_number_of_connections() {
+    let server = RedisServer::start().await;
+    let timing =
+        RegistryTiming { ttl: std::time::Duration::from_secs(60), heartbeat_ttl: std::time::Duration::from_secs(60) };
+    for n in [1, 100, 2000] {
+        let r = registry(&server.url(), &format!("rt-{n}"), timing);
+        for i in 0..n {
+            r.register(conformance::record(1 + i % 7, 10, 1000 + i)).await.unwrap();
+        }
+        let before = r.round_trips();
+        r.refresh().await.unwrap();
+        assert_eq!(r.round_trips() - before, 1, "{n} connections");
+    }
+}
+
+#[tokio::test]
+async fn kas_starts_and_serves_while_redis_is_down_then_catches_up() {
+    let mut server = RedisServer::start().await;
+    let url = server.url();
+    server.stop().await;
+    // Constructing the registry does not need Redis; operations fail with a clear error.
+    let timing =
+        RegistryTiming { ttl: std::time::Duration::from_secs(60), heartbeat_ttl: std::time::Duration::from_secs(60) };
+    let r = registry(&url, "down", timing);
+    let err = r.register(conformance::record(1, 10, 100)).await.unwrap_err();
+    assert!(err.to_string().starts_with("redis"), "{err}");
+    assert!(r.ping().await.is_err());
+    // When Redis is back, a refresh writes what failed while it was down.
+    server.start_again().await;
+    kas_e2e::eventually!(r.refresh().await.is_ok(), "refresh succeeds once Redis is back");
+    r.heartbeat().await.unwrap();
+    assert_eq!(r.connections_by_agent_id(kas_proto::AgentId(1)).await.unwrap().len(), 1);
+}
