@@ -1,12 +1,15 @@
 //! agentk's lifecycle: connect to kas, hold `GetConfiguration` (presence) and a tunnel pool,
-//! reconnect with backoff, drain on shutdown. Tests run agentk through exactly this path.
+//! reconnect with backoff, drain on shutdown, and the observability listener (`/livez`,
+//! `/readyz`). Tests run agentk through exactly this path.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use kas_proto::ConnectionId;
 use kas_proto::tunnel::pb::agent_tunnel_client::AgentTunnelClient;
 use kas_proto::tunnel::pb::{self, AgentMeta, ConfigurationRequest};
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -40,6 +43,8 @@ pub enum AgentError {
     KasAddress { address: String, message: String },
     #[error("Kubernetes client configuration: {0}")]
     Kube(String),
+    #[error("cannot listen on --observability-address {address}: {source}")]
+    ObservabilityBind { address: SocketAddr, source: std::io::Error },
 }
 
 /// Called with each configuration kas sends (e.g. to change the log level).
@@ -53,6 +58,8 @@ pub struct Status {
     pub configuration: watch::Receiver<Option<pb::ConfigurationResponse>>,
     /// Connection attempts that ended in an error (rejected token, kas unreachable, ...).
     pub failed_attempts: watch::Receiver<u64>,
+    /// The bound address of the observability listener (`/livez`, `/readyz`).
+    pub observability_address: SocketAddr,
 }
 
 impl Status {
@@ -72,6 +79,9 @@ pub struct App {
     pool_stats: watch::Sender<PoolStats>,
     configuration: watch::Sender<Option<pb::ConfigurationResponse>>,
     failed_attempts: watch::Sender<u64>,
+    /// Bound in `new`, served by `run` (taken there).
+    observability: Option<TcpListener>,
+    observability_address: SocketAddr,
 }
 
 async fn kube_client(source: &KubeSource) -> Result<kube::Client, AgentError> {
@@ -121,7 +131,8 @@ fn endpoint(config: &AgentConfig) -> Result<Endpoint, AgentError> {
 }
 
 impl App {
-    /// Validates the configuration, reads the token and builds the Kubernetes client.
+    /// Validates the configuration, reads the token, builds the Kubernetes client and binds the
+    /// observability listener (so a bad or busy address fails startup, not a probe later).
     pub async fn new(config: AgentConfig) -> Result<Self, AgentError> {
         config.validate()?;
         let token_text = read_file("token file", &config.token_file)?;
@@ -131,6 +142,10 @@ impl App {
         }
         let channel = endpoint(&config)?.connect_lazy();
         let kube = kube_client(&config.kube).await?;
+        let observability = crate::observability::bind(config.observability_address).await?;
+        let observability_address = observability
+            .local_addr()
+            .map_err(|source| AgentError::ObservabilityBind { address: config.observability_address, source })?;
         Ok(Self {
             config,
             token: token.into(),
@@ -141,7 +156,14 @@ impl App {
             pool_stats: watch::channel(PoolStats::default()).0,
             configuration: watch::channel(None).0,
             failed_attempts: watch::channel(0).0,
+            observability: Some(observability),
+            observability_address,
         })
+    }
+
+    /// Where `/livez` and `/readyz` are served (the bound port when the config asked for 0).
+    pub fn observability_address(&self) -> SocketAddr {
+        self.observability_address
     }
 
     pub fn with_configuration_observer(mut self, observer: ConfigurationObserver) -> Self {
@@ -155,12 +177,18 @@ impl App {
             pool: self.pool_stats.subscribe(),
             configuration: self.configuration.subscribe(),
             failed_attempts: self.failed_attempts.subscribe(),
+            observability_address: self.observability_address,
         }
     }
 
     /// Runs until `shutdown`; then stops taking requests, lets in-flight ones finish within the
-    /// grace period, and returns.
-    pub async fn run(self, shutdown: CancellationToken) {
+    /// grace period, and returns. The observability listener is served throughout: `/readyz`
+    /// turns 503 as soon as the kas connection ends, `/livez` stays 200 until agentk has stopped.
+    pub async fn run(mut self, shutdown: CancellationToken) {
+        let stop_observability = CancellationToken::new();
+        let observability = self.observability.take().map(|listener| {
+            tokio::spawn(crate::observability::serve(listener, self.status(), stop_observability.clone()))
+        });
         let stop_all = CancellationToken::new();
         let in_flight = TaskTracker::new();
         let mut backoff = Backoff::new(RECONNECT_BASE, RECONNECT_CAP);
@@ -188,6 +216,10 @@ impl App {
             tracing::warn!("grace period over: cancelling in-flight requests");
             stop_all.cancel();
             in_flight.wait().await;
+        }
+        stop_observability.cancel();
+        if let Some(task) = observability {
+            let _ = task.await;
         }
         tracing::info!("agentk stopped");
     }

@@ -1,5 +1,6 @@
 //! agentk flags (and their environment variables) and the resolved configuration.
 
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -9,6 +10,9 @@ pub const DEFAULT_MIN_IDLE_TUNNELS: usize = 2;
 pub const DEFAULT_MAX_TUNNELS: usize = 500;
 /// In-flight requests get this long to finish on SIGTERM (below Kubernetes' default 30 s).
 pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(20);
+/// The observability listener (`/livez`, `/readyz`) of the `agentk` binary: all interfaces, so
+/// the kubelet can probe the pod. Embedded agentk ([`AgentConfig::new`]) uses `127.0.0.1:0`.
+pub const DEFAULT_OBSERVABILITY_ADDRESS: &str = "0.0.0.0:8080";
 
 #[derive(Debug, Clone, clap::Parser)]
 #[command(
@@ -47,6 +51,9 @@ pub struct Args {
     /// Log filter, e.g. `info` or `agentk=debug`. The agent configuration may override it.
     #[arg(long, env = "AGENTK_LOG", default_value = "info")]
     pub log: String,
+    /// HTTP listener for the liveness (`/livez`) and readiness (`/readyz`) probes: IP:port.
+    #[arg(long, env = "AGENTK_OBSERVABILITY_ADDRESS", default_value = DEFAULT_OBSERVABILITY_ADDRESS)]
+    pub observability_address: SocketAddr,
 }
 
 /// How agentk reaches the Kubernetes API.
@@ -81,6 +88,8 @@ pub struct AgentConfig {
     pub grace_period: Duration,
     pub pod_name: String,
     pub pod_namespace: String,
+    /// Where `/livez` and `/readyz` are served; port 0 picks a free port.
+    pub observability_address: SocketAddr,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -103,12 +112,15 @@ impl AgentConfig {
             grace_period: args.grace_period,
             pod_name: args.pod_name.clone(),
             pod_namespace: args.pod_namespace.clone(),
+            observability_address: args.observability_address,
         };
         config.validate()?;
         Ok(config)
     }
 
-    /// A config with defaults, for embedding agentk (tests).
+    /// A config with defaults, for embedding agentk (tests). The observability listener is on
+    /// `127.0.0.1:0` (a free loopback port, see [`crate::App::observability_address`]), never
+    /// the binary's fixed default.
     pub fn new(kas_address: impl Into<String>, token_file: impl Into<PathBuf>, kube: KubeSource) -> Self {
         Self {
             kas_address: kas_address.into(),
@@ -120,6 +132,7 @@ impl AgentConfig {
             grace_period: DEFAULT_GRACE_PERIOD,
             pod_name: String::new(),
             pod_namespace: String::new(),
+            observability_address: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
         }
     }
 

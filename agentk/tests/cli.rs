@@ -1,7 +1,8 @@
 //! The `agentk` binary and its flags as users (and Kubernetes manifests) pass them.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
-use std::path::PathBuf;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
@@ -16,6 +17,7 @@ const ENV: &[&str] = &[
     "AGENTK_TOKEN_FILE",
     "AGENTK_CA_CERT_FILE",
     "AGENTK_LOG",
+    "AGENTK_OBSERVABILITY_ADDRESS",
     "KUBECONFIG",
     "POD_NAME",
     "POD_NAMESPACE",
@@ -41,9 +43,15 @@ async fn help_lists_the_flags() {
     let out = run(&["--help"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     let help = text(&out.stdout);
-    for flag in
-        ["--kas-address", "--token-file", "--ca-cert-file", "--kubeconfig", "--min-idle-tunnels", "--max-tunnels"]
-    {
+    for flag in [
+        "--kas-address",
+        "--token-file",
+        "--ca-cert-file",
+        "--kubeconfig",
+        "--min-idle-tunnels",
+        "--max-tunnels",
+        "--observability-address",
+    ] {
         assert!(help.contains(flag), "`agentk --help` does not mention {flag}:\n{help}");
     }
 }
@@ -135,4 +143,129 @@ async fn invalid_kas_address_is_a_startup_error() {
     assert!(!out.status.success());
     let stderr = text(&out.stderr);
     assert!(stderr.contains("--kas-address must start with grpc:// or grpcs://"), "{stderr}");
+}
+
+#[test]
+fn observability_address_defaults_to_all_interfaces_on_8080_for_the_binary_only() {
+    if std::env::var_os("AGENTK_OBSERVABILITY_ADDRESS").is_none() {
+        let args = parse(&[]).unwrap();
+        assert_eq!(args.observability_address, "0.0.0.0:8080".parse::<SocketAddr>().unwrap());
+        assert_eq!(agentk::config::DEFAULT_OBSERVABILITY_ADDRESS, "0.0.0.0:8080");
+    }
+    let args = parse(&["--observability-address", "127.0.0.1:9090"]).unwrap();
+    let config = AgentConfig::from_args(&args).unwrap();
+    assert_eq!(config.observability_address, "127.0.0.1:9090".parse::<SocketAddr>().unwrap());
+
+    // Embedded agentk (tests) never takes a fixed port.
+    let embedded = AgentConfig::new("grpc://127.0.0.1:1", "/t", KubeSource::InCluster);
+    assert_eq!(embedded.observability_address, "127.0.0.1:0".parse::<SocketAddr>().unwrap());
+
+    let err = parse(&["--observability-address", "localhost"]).unwrap_err().to_string();
+    assert!(err.contains("--observability-address"), "{err}");
+}
+
+/// A kubeconfig kube-rs accepts without contacting the (absent) API server.
+fn write_kubeconfig(dir: &Path) -> PathBuf {
+    let path = dir.join("kubeconfig");
+    std::fs::write(
+        &path,
+        "apiVersion: v1\nkind: Config\ncurrent-context: test\n\
+         clusters: [{name: test, cluster: {server: \"https://127.0.0.1:1\"}}]\n\
+         users: [{name: test, user: {token: not-used}}]\n\
+         contexts: [{name: test, context: {cluster: test, user: test}}]\n",
+    )
+    .unwrap();
+    path
+}
+
+#[tokio::test]
+async fn busy_observability_address_is_a_startup_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "t").unwrap();
+    let kubeconfig = write_kubeconfig(dir.path());
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = taken.local_addr().unwrap().to_string();
+    let out = run(&[
+        "--kas-address",
+        "grpc://127.0.0.1:1",
+        "--token-file",
+        token_file.to_str().unwrap(),
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--observability-address",
+        &address,
+    ])
+    .await;
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains(&format!("cannot listen on --observability-address {address}")), "{stderr}");
+}
+
+/// Sends one HTTP/1.1 request and returns (status code, body).
+async fn http_get(address: SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let code = response.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("{response}"));
+    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    (code, body)
+}
+
+/// The binary serves the probes the Helm chart configures: alive, and not ready while kas is
+/// unreachable; SIGTERM still stops it cleanly.
+#[tokio::test]
+async fn binary_serves_livez_and_readyz() {
+    use tokio::io::AsyncBufReadExt;
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "t").unwrap();
+    let kubeconfig = write_kubeconfig(dir.path());
+    // Nothing listens on this port: bound, then closed.
+    let no_kas = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let mut cmd = tokio::process::Command::new(AGENTK);
+    for var in ENV {
+        cmd.env_remove(var);
+    }
+    cmd.args(["--kas-address", &format!("grpc://{no_kas}"), "--token-file"])
+        .arg(&token_file)
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(["--observability-address", "127.0.0.1:0", "--log", "info"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    let address: SocketAddr = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let line = lines.next_line().await.unwrap().unwrap_or_else(|| panic!("agentk exited:\n{seen:?}"));
+            if line.contains("observability listening")
+                && let Some(a) = line.split("\"address\":\"").nth(1).and_then(|r| r.split('"').next())
+            {
+                break a.parse().unwrap();
+            }
+            seen.push(line);
+        }
+    })
+    .await
+    .expect("agentk logs its observability address within 30 s");
+    assert_eq!(address.ip().to_string(), "127.0.0.1");
+    assert_ne!(address.port(), 0);
+
+    assert_eq!(http_get(address, agentk::LIVEZ_PATH).await, (200, "ok\n".to_owned()));
+    let (code, body) = http_get(address, agentk::READYZ_PATH).await;
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("not connected to kas"), "{body}");
+
+    let pid = child.id().unwrap().to_string();
+    let kill = std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(kill.success());
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait()).await.expect("exits on SIGTERM").unwrap();
+    assert!(status.success(), "{status}");
 }

@@ -34,6 +34,7 @@ const PRODUCT_ENV: &[&str] = &[
     "AGENTK_TOKEN_FILE",
     "AGENTK_CA_CERT_FILE",
     "AGENTK_LOG",
+    "AGENTK_OBSERVABILITY_ADDRESS",
     "KUBECONFIG",
     "POD_NAME",
     "POD_NAMESPACE",
@@ -329,6 +330,8 @@ pub fn start_agentk(
         .arg("--kubeconfig")
         .arg(kubeconfig)
         .args(["--log", "info"])
+        // The binary's default is 0.0.0.0:8080 (for the kubelet); tests never take a fixed port.
+        .args(["--observability-address", "127.0.0.1:0"])
         .env("POD_NAME", pod_name)
         .env("POD_NAMESPACE", pod_namespace);
     Process::spawn("agentk", cmd)
