@@ -10,8 +10,16 @@ use std::path::PathBuf;
 type Pass = (&'static [&'static str], &'static str, &'static [(&'static str, &'static str)]);
 
 const PASSES: &[Pass] = &[
-    (&["kas/tunnel/v1/tunnel.proto", "kas/registry/v1/registry.proto"], "base", &[]),
-    (&["kas/v1/kas.proto"], "api", &[(".kas.tunnel.v1", "crate::tunnel::pb")]),
+    (
+        &["kas/tunnel/v1/tunnel.proto", "kas/registry/v1/registry.proto", "kas/kubernetes_api/v1/kubernetes_api.proto"],
+        "base",
+        &[],
+    ),
+    (
+        &["kas/v1/kas.proto"],
+        "api",
+        &[(".kas.tunnel.v1", "crate::tunnel::pb"), (".kas.kubernetes_api.v1", "crate::kubernetes_api")],
+    ),
     (
         &["kas/get_pods/v1/get_pods.proto"],
         "features",

@@ -84,7 +84,7 @@ pub struct App {
     observability_address: SocketAddr,
 }
 
-async fn kube_client(source: &KubeSource) -> Result<kube::Client, AgentError> {
+async fn kube_config(source: &KubeSource) -> Result<kube::Config, AgentError> {
     let config = match source {
         KubeSource::InCluster => kube::Config::incluster().map_err(|e| AgentError::Kube(e.to_string()))?,
         KubeSource::Kubeconfig(path) => {
@@ -95,7 +95,7 @@ async fn kube_client(source: &KubeSource) -> Result<kube::Client, AgentError> {
         }
         KubeSource::Config(c) => (**c).clone(),
     };
-    kube::Client::try_from(config).map_err(|e| AgentError::Kube(e.to_string()))
+    Ok(config)
 }
 
 fn read_file(what: &'static str, path: &std::path::Path) -> Result<Vec<u8>, AgentError> {
@@ -141,7 +141,8 @@ impl App {
             return Err(AgentError::EmptyToken(config.token_file.display().to_string()));
         }
         let channel = endpoint(&config)?.connect_lazy();
-        let kube = kube_client(&config.kube).await?;
+        let kube = kube_config(&config.kube).await?;
+        let modules = modules::all(&kube).map_err(|e| AgentError::Kube(e.to_string()))?;
         let observability = crate::observability::bind(config.observability_address).await?;
         let observability_address = observability
             .local_addr()
@@ -150,7 +151,7 @@ impl App {
             config,
             token: token.into(),
             channel,
-            modules: modules::all(kube).into(),
+            modules: modules.into(),
             observer: None,
             connected: watch::channel(None).0,
             pool_stats: watch::channel(PoolStats::default()).0,

@@ -21,6 +21,19 @@ pub mod registry {
     include!(concat!(env!("OUT_DIR"), "/base/kas.registry.v1.rs"));
 }
 
+/// Generated code for `kas.kubernetes_api.v1`, and the HTTP <-> frame adapters.
+pub mod kubernetes_api {
+    #![allow(missing_docs, clippy::all, clippy::pedantic)]
+    include!(concat!(env!("OUT_DIR"), "/base/kas.kubernetes_api.v1.rs"));
+
+    /// Tunnel method name of the agentk half of the Kubernetes API proxy.
+    pub const METHOD: &str = "/kas.kubernetes_api.v1.KubernetesApi/MakeRequest";
+
+    pub use crate::http::*;
+}
+
+pub mod http;
+
 /// Generated code for `kas.get_pods.v1`.
 pub mod get_pods {
     #![allow(missing_docs, clippy::all, clippy::pedantic)]

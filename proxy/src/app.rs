@@ -24,6 +24,7 @@ use crate::router::peers::Peers;
 use crate::server::agent::AgentService;
 use crate::server::api::{ApiService, jwt_interceptor};
 use crate::server::internal::InternalService;
+use crate::server::rest::{self, RestState};
 use crate::tunnel::{TunnelRegistry, TunnelStats};
 
 /// agentk pings are answered by the transport; kas pings too so a dead agent is noticed in
@@ -45,6 +46,8 @@ pub enum AppError {
     Bind { listener: &'static str, address: SocketAddr, source: std::io::Error },
     #[error("the {listener} listener failed: {source}")]
     Serve { listener: &'static str, source: tonic::transport::Error },
+    #[error("the rest listener failed: {0}")]
+    RestServe(std::io::Error),
     #[error("TLS of the {listener} listener: cannot read {path}: {source}")]
     TlsFile { listener: &'static str, path: String, source: std::io::Error },
     #[error("TLS of the {listener} listener: {source}")]
@@ -65,6 +68,7 @@ pub struct Bound {
     agent: TcpListener,
     api: TcpListener,
     internal: TcpListener,
+    rest: TcpListener,
     addresses: Addresses,
     gitlab_secret: Secret,
     internal_secret: Secret,
@@ -105,6 +109,8 @@ pub struct Addresses {
     pub agent: SocketAddr,
     pub api: SocketAddr,
     pub internal: SocketAddr,
+    /// The REST gateway (plaintext HTTP).
+    pub rest: SocketAddr,
 }
 
 /// Read-only access to a serving kas, for tests and health checks.
@@ -157,6 +163,7 @@ impl App {
         let agent = bind("agent", Config::listener_address(&config.listeners.agent)).await?;
         let api = bind("api", Config::listener_address(&config.listeners.api)).await?;
         let internal = bind("internal", Config::listener_address(&config.listeners.internal)).await?;
+        let rest = bind("rest", Config::listener_address(&config.listeners.rest)).await?;
         let local = |l: &TcpListener, name: &'static str| {
             l.local_addr().map_err(|source| AppError::Bind {
                 listener: name,
@@ -168,6 +175,7 @@ impl App {
             agent: local(&agent, "agent")?,
             api: local(&api, "api")?,
             internal: local(&internal, "internal")?,
+            rest: local(&rest, "rest")?,
         };
         // Peers reach this kas at the internal listener's actually bound port.
         let advertised_ip = config.kas_internal.advertise_ip.unwrap_or(addresses.internal.ip());
@@ -196,6 +204,7 @@ impl App {
             agent,
             api,
             internal,
+            rest,
             addresses,
             gitlab_secret,
             internal_secret,
@@ -231,6 +240,7 @@ impl Bound {
             agent,
             api,
             internal,
+            rest,
             addresses,
             gitlab_secret,
             internal_secret,
@@ -277,6 +287,20 @@ impl Bound {
                 ))
                 .serve_with_incoming_shutdown(incoming(api), shutdown.clone().cancelled_owned()),
         );
+        let rest_state = RestState {
+            router: router.clone(),
+            verifier: JwtVerifier::gitlab(&gitlab_secret),
+            config: config.rest.clone(),
+        };
+        // axum::serve speaks HTTP/1.1 and h2c and supports upgrades; on shutdown it stops
+        // accepting and lets in-flight requests finish (bounded by the grace period below).
+        let rest_shutdown = shutdown.clone();
+        let mut rest_task = tokio::spawn(async move {
+            axum::serve(rest, rest::router(rest_state))
+                .with_graceful_shutdown(rest_shutdown.cancelled_owned())
+                .await
+                .map_err(AppError::RestServe)
+        });
         let mut internal_task = spawn_server(
             "internal",
             builder("internal", tls.internal)?
@@ -292,6 +316,7 @@ impl Bound {
             agent = %addresses.agent,
             api = %addresses.api,
             internal = %addresses.internal,
+            rest = %addresses.rest,
             kas = %registry.instance().instance_id,
             version = crate::VERSION,
             "kas listening"
@@ -303,11 +328,12 @@ impl Bound {
             r = &mut agent_task => Some(r),
             r = &mut api_task => Some(r),
             r = &mut internal_task => Some(r),
+            r = &mut rest_task => Some(r),
         };
         shutdown.cancel();
         let grace = tokio::time::Instant::now() + config.shutdown.grace_period;
         tracing::info!(grace_period = ?config.shutdown.grace_period, "shutting down: draining listeners");
-        for task in [&mut api_task, &mut internal_task] {
+        for task in [&mut api_task, &mut internal_task, &mut rest_task] {
             if !task.is_finished() && tokio::time::timeout_at(grace, &mut *task).await.is_err() {
                 tracing::warn!("grace period over: cancelling in-flight requests");
                 task.abort();

@@ -13,6 +13,12 @@ use crate::router::DEFAULT_MAX_WAIT;
 pub const DEFAULT_AGENT_ADDRESS: &str = "127.0.0.1:8150";
 pub const DEFAULT_API_ADDRESS: &str = "127.0.0.1:8153";
 pub const DEFAULT_INTERNAL_ADDRESS: &str = "127.0.0.1:8155";
+pub const DEFAULT_REST_ADDRESS: &str = "127.0.0.1:8154";
+/// JSON routes of the rest listener answer 504 after this long (longer than routing.max_wait, so
+/// a request for an agent that is not connected gets the router's explanation first).
+pub const DEFAULT_REST_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Request bodies above this size are refused (413): the Kubernetes API server's own limit.
+pub const DEFAULT_REST_MAX_REQUEST_BODY_BYTES: usize = 3 * 1024 * 1024;
 /// Records live this long without a refresh: long enough to survive a few missed refreshes.
 pub const DEFAULT_REGISTRY_TTL: Duration = Duration::from_secs(300);
 /// Refresh well inside the TTL.
@@ -36,6 +42,7 @@ pub struct Config {
     pub routing: RoutingConfig,
     pub registry: RegistryConfig,
     pub shutdown: ShutdownConfig,
+    pub rest: RestConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -47,6 +54,8 @@ pub struct ListenersConfig {
     pub api: ListenerConfig,
     /// Other kas call KasInternal here.
     pub internal: ListenerConfig,
+    /// The REST gateway (JSON over HTTP, OpenAPI, Swagger UI). Plaintext only: `tls` is rejected.
+    pub rest: ListenerConfig,
 }
 
 impl Default for ListenersConfig {
@@ -55,6 +64,7 @@ impl Default for ListenersConfig {
             agent: ListenerConfig::new(DEFAULT_AGENT_ADDRESS),
             api: ListenerConfig::new(DEFAULT_API_ADDRESS),
             internal: ListenerConfig::new(DEFAULT_INTERNAL_ADDRESS),
+            rest: ListenerConfig::new(DEFAULT_REST_ADDRESS),
         }
     }
 }
@@ -178,6 +188,38 @@ impl Default for ShutdownConfig {
     }
 }
 
+/// The REST gateway (`listeners.rest`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RestConfig {
+    /// Longest time a JSON route may take (504 after it). Not applied to the Kubernetes API
+    /// proxy path, which streams (watches, logs, exec).
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// Largest request body accepted, in bytes (413 above it).
+    pub max_request_body_bytes: usize,
+    pub cors: CorsConfig,
+}
+
+impl Default for RestConfig {
+    fn default() -> Self {
+        Self {
+            request_timeout: DEFAULT_REST_REQUEST_TIMEOUT,
+            max_request_body_bytes: DEFAULT_REST_MAX_REQUEST_BODY_BYTES,
+            cors: CorsConfig::default(),
+        }
+    }
+}
+
+/// Cross-origin requests (browsers): off unless origins are listed.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CorsConfig {
+    /// Origins allowed to call the REST gateway from a browser, e.g. `https://gitlab.example.com`;
+    /// `*` allows any origin. Empty: no CORS headers are sent (same-origin only).
+    pub allowed_origins: Vec<String>,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
@@ -211,11 +253,32 @@ impl Config {
             ("listeners.agent.address", &self.listeners.agent),
             ("listeners.api.address", &self.listeners.api),
             ("listeners.internal.address", &self.listeners.internal),
+            ("listeners.rest.address", &self.listeners.rest),
         ] {
             l.address.parse::<SocketAddr>().map_err(|e| ConfigError::Invalid {
                 key,
                 message: format!("\"{}\" is not an ip:port address ({e})", l.address),
             })?;
+        }
+        if self.listeners.rest.tls.is_some() {
+            return Err(ConfigError::Invalid {
+                key: "listeners.rest.tls",
+                message: "is not supported: the rest listener serves plaintext HTTP; terminate TLS in front of it \
+                          (ingress, load balancer) or keep it on loopback"
+                    .into(),
+            });
+        }
+        for origin in &self.rest.cors.allowed_origins {
+            let ok = origin == "*"
+                || ((origin.starts_with("http://") || origin.starts_with("https://"))
+                    && !origin.ends_with('/')
+                    && http::HeaderValue::from_str(origin).is_ok());
+            if !ok {
+                return Err(ConfigError::Invalid {
+                    key: "rest.cors.allowed_origins",
+                    message: format!("\"{origin}\" is not an origin (scheme://host[:port], no path) or \"*\""),
+                });
+            }
         }
         let required = [
             ("gitlab.authentication_secret_file", &self.gitlab.authentication_secret_file),
@@ -229,6 +292,7 @@ impl Config {
         }
         let nonzero = [
             ("routing.max_wait", self.routing.max_wait),
+            ("rest.request_timeout", self.rest.request_timeout),
             ("registry.ttl", self.registry.ttl),
             ("registry.refresh_period", self.registry.refresh_period),
             ("registry.gc_period", self.registry.gc_period),
@@ -317,5 +381,13 @@ mod tests {
         let mut c = Config::parse(example()).unwrap();
         c.registry.refresh_period = c.registry.ttl;
         assert!(c.validate().unwrap_err().to_string().contains("registry.refresh_period"));
+        let mut c = Config::parse(example()).unwrap();
+        c.listeners.rest.tls = Some(TlsConfig { certificate_file: "/c.pem".into(), key_file: "/k.pem".into() });
+        assert!(c.validate().unwrap_err().to_string().contains("listeners.rest.tls: is not supported"));
+        let mut c = Config::parse(example()).unwrap();
+        c.rest.cors.allowed_origins = vec!["https://ok.example".into(), "gitlab.example.com".into()];
+        assert!(c.validate().unwrap_err().to_string().contains("rest.cors.allowed_origins"));
+        c.rest.cors.allowed_origins = vec!["https://ok.example".into(), "*".into()];
+        c.validate().unwrap();
     }
 }

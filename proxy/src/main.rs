@@ -29,6 +29,9 @@ struct Cli {
     /// Overrides listeners.internal.address.
     #[arg(long, env = "KAS_INTERNAL_ADDRESS")]
     internal_address: Option<String>,
+    /// Overrides listeners.rest.address (the REST gateway).
+    #[arg(long, env = "KAS_REST_ADDRESS")]
+    rest_address: Option<String>,
     /// Use Redis as the registry (many replicas): redis://, rediss:// or unix:// URL. Overrides
     /// registry.redis.url (other Redis settings keep their config values or defaults).
     #[arg(long, env = "KAS_REDIS_URL")]
@@ -76,6 +79,8 @@ enum Command {
         #[arg(long)]
         token_file: Option<PathBuf>,
     },
+    /// Print the REST gateway's OpenAPI document (what `openapi/openapi.json` must contain).
+    Openapi,
 }
 
 fn init_logging(filter: &str, format: Option<LogFormat>) -> anyhow::Result<()> {
@@ -106,9 +111,13 @@ async fn main() -> anyhow::Result<()> {
         Some(Command::AddAgent { agents_file, id, name, project_id, token_file }) => {
             add_agent(agents_file, id, name, project_id, token_file)
         }
+        Some(Command::Openapi) => {
+            print!("{}", kas::server::rest::openapi_json());
+            Ok(())
+        }
         None => {
             init_logging(&cli.log, cli.log_format)?;
-            let overrides = [cli.agent_address, cli.api_address, cli.internal_address];
+            let overrides = [cli.agent_address, cli.api_address, cli.internal_address, cli.rest_address];
             run(cli.config, cli.dev_dir, overrides, cli.redis_url).await
         }
     }
@@ -117,7 +126,7 @@ async fn main() -> anyhow::Result<()> {
 async fn run(
     config: Option<PathBuf>,
     dev_dir: PathBuf,
-    overrides: [Option<String>; 3],
+    overrides: [Option<String>; 4],
     redis_url: Option<String>,
 ) -> anyhow::Result<()> {
     let (mut config, dev) = match config {
@@ -127,12 +136,13 @@ async fn run(
             (dev.config.clone(), Some(dev))
         }
     };
-    let [agent, api, internal] = overrides;
+    let [agent, api, internal, rest] = overrides;
     let listeners = &mut config.listeners;
     for (address, value) in [
         (&mut listeners.agent.address, agent),
         (&mut listeners.api.address, api),
         (&mut listeners.internal.address, internal),
+        (&mut listeners.rest.address, rest),
     ] {
         if let Some(v) = value {
             *address = v;
@@ -153,7 +163,7 @@ async fn run(
     let bound = kas::App::new(config).bind().await?;
     if let Some(dev) = dev {
         let a = bound.addresses();
-        eprintln!("\n{}", dev.instructions(&a.agent.to_string(), &a.api.to_string()));
+        eprintln!("\n{}", dev.instructions(&a.agent.to_string(), &a.api.to_string(), &a.rest.to_string()));
     }
     bound.serve(shutdown).await?;
     Ok(())

@@ -88,7 +88,7 @@ pub fn ensure_dev_setup(dir: &Path) -> Result<DevSetup, DevSetupError> {
 
 impl DevSetup {
     /// What to tell the user; paths only, never secret values.
-    pub fn instructions(&self, agent_address: &str, api_address: &str) -> String {
+    pub fn instructions(&self, agent_address: &str, api_address: &str, rest_address: &str) -> String {
         let d = self.dir.display();
         format!(
             "kas is running in standalone mode (in-memory registry, loopback listeners).\n\
@@ -101,6 +101,9 @@ impl DevSetup {
              \x20 TOKEN=$(kas mint-jwt --secret-file {})\n\
              \x20 grpcurl -plaintext -H \"authorization: Bearer $TOKEN\" -import-path proto/proto -proto kas/v1/kas.proto \\\n\
              \x20   -d '{{\"agent_id\": {DEV_AGENT_ID}}}' {api_address} kas.v1.KasApi/GetPods\n\
+             \n\
+             Or the REST gateway (Swagger UI: http://{rest_address}/swagger-ui):\n\
+             \x20 curl -H \"Authorization: Bearer $TOKEN\" http://{rest_address}/api/v1/agents/{DEV_AGENT_ID}/pods\n\
              \n\
              Add another agent:  kas add-agent --agents-file {d}/agents.yaml --id 2 --name other --project-id 1\n",
             if self.created { "created now" } else { "reused" },
@@ -135,6 +138,6 @@ mod tests {
         let second = ensure_dev_setup(&dir).unwrap();
         assert!(!second.created);
         assert_eq!(std::fs::read_to_string(&second.agent_token_file).unwrap(), token);
-        assert!(!second.instructions("a", "b").contains(token.trim()));
+        assert!(!second.instructions("a", "b", "c").contains(token.trim()));
     }
 }

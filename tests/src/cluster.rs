@@ -124,7 +124,12 @@ impl ClusterBuilder {
         std::fs::write(&kubeconfig, kube.kubeconfig()).expect("write kubeconfig");
 
         let mut config = kas::Config::default();
-        for l in [&mut config.listeners.agent, &mut config.listeners.api, &mut config.listeners.internal] {
+        for l in [
+            &mut config.listeners.agent,
+            &mut config.listeners.api,
+            &mut config.listeners.internal,
+            &mut config.listeners.rest,
+        ] {
             l.address = "127.0.0.1:0".into();
         }
         config.gitlab.authentication_secret_file = Some(gitlab_secret_file);
@@ -330,6 +335,11 @@ impl Cluster {
 
     pub fn api_with_token(&self, kas: usize, token: Option<String>) -> ApiClient {
         KasApiClient::with_interceptor(channel(self.kas[kas].addresses.api), BearerInterceptor(token))
+    }
+
+    /// Base URL of kas number `kas`'s REST gateway, e.g. `http://127.0.0.1:40123`.
+    pub fn rest_url(&self, kas: usize) -> String {
+        format!("http://{}", self.kas[kas].addresses.rest)
     }
 
     pub fn internal_with_token(&self, kas: usize, token: Option<String>) -> InternalClient {

@@ -29,6 +29,35 @@ pub struct RecordedRequest {
     pub headers: HeaderMap,
 }
 
+/// A request body the fake received (POST, PUT, PATCH), byte for byte.
+#[derive(Debug, Clone)]
+pub struct RecordedBody {
+    pub method: String,
+    pub path: String,
+    pub content_type: String,
+    pub body: Bytes,
+}
+
+/// The deterministic content of a generated log of `size` bytes (see [`FakeKube::add_big_log`]).
+pub fn big_log_chunks(size: u64) -> impl Iterator<Item = Bytes> {
+    const LINES_PER_CHUNK: u64 = 1000;
+    let mut produced = 0u64;
+    let mut line = 0u64;
+    std::iter::from_fn(move || {
+        if produced >= size {
+            return None;
+        }
+        let mut chunk = String::with_capacity(64 * LINES_PER_CHUNK as usize);
+        for _ in 0..LINES_PER_CHUNK {
+            chunk.push_str(&format!("{line:010} the quick brown fox jumps over the lazy dog\n"));
+            line += 1;
+        }
+        let take = (size - produced).min(chunk.len() as u64) as usize;
+        produced += take as u64;
+        Some(Bytes::from(chunk.into_bytes()).slice(..take))
+    })
+}
+
 #[derive(Default)]
 struct Inner {
     /// (namespace, name) -> pod object
@@ -39,12 +68,21 @@ struct Inner {
     fail_with: Option<StatusCode>,
     /// When set, every API call is answered this much later (a slow API server).
     delay: Option<std::time::Duration>,
+    bodies: Vec<RecordedBody>,
+    /// (namespace, pod) -> log lines so far
+    logs: BTreeMap<(String, String), Vec<String>>,
+    /// (namespace, pod) -> size of a generated log
+    big_logs: BTreeMap<(String, String), u64>,
+    /// Live log followers (cancelled when the client goes away).
+    log_followers: usize,
 }
 
 /// What the server task shares with the handle.
 struct Shared {
     inner: Mutex<Inner>,
     events: broadcast::Sender<Value>,
+    /// (namespace, pod, line) appended to a log
+    log_lines: broadcast::Sender<(String, String, String)>,
     token: String,
 }
 
@@ -86,6 +124,7 @@ impl FakeKube {
         let shared = Arc::new(Shared {
             inner: Mutex::default(),
             events: broadcast::channel(1024).0,
+            log_lines: broadcast::channel(1024).0,
             token: format!("sa-token-{}", rand_suffix()),
         });
         let shutdown = CancellationToken::new();
@@ -95,8 +134,10 @@ impl FakeKube {
             .route("/apis", get(api_groups))
             .route("/api/v1", get(api_resources))
             .route("/api/v1/pods", get(list_all_pods))
-            .route("/api/v1/namespaces/{ns}/pods", get(list_namespaced_pods))
-            .route("/api/v1/namespaces/{ns}/pods/{name}", get(get_pod))
+            .route("/api/v1/namespaces/{ns}/pods", get(list_namespaced_pods).post(create_pod))
+            .route("/api/v1/namespaces/{ns}/pods/{name}", get(get_pod).patch(patch_pod).put(put_pod).delete(delete_pod))
+            .route("/api/v1/namespaces/{ns}/pods/{name}/log", get(pod_log))
+            .route("/api/v1/namespaces/{ns}/pods/{name}/exec", get(exec).post(exec))
             .layer(middleware::from_fn_with_state(shared.clone(), record_and_authorize))
             .with_state(shared.clone());
         let stop = shutdown.clone();
@@ -145,6 +186,33 @@ impl FakeKube {
     /// (namespace, name) of every pod, sorted.
     pub fn pod_names(&self) -> Vec<(String, String)> {
         self.lock().pods.keys().cloned().collect()
+    }
+
+    /// Appends a line to a pod's log (followers see it at once).
+    pub fn append_log(&self, namespace: &str, pod: &str, line: &str) {
+        self.lock().logs.entry((namespace.to_owned(), pod.to_owned())).or_default().push(line.to_owned());
+        let _ = self.shared.log_lines.send((namespace.to_owned(), pod.to_owned(), line.to_owned()));
+    }
+
+    /// Makes a pod's log a generated stream of `size` bytes ([`big_log_chunks`]), produced on
+    /// the fly so the fake holds none of it in memory.
+    pub fn add_big_log(&self, namespace: &str, pod: &str, size: u64) {
+        self.lock().big_logs.insert((namespace.to_owned(), pod.to_owned()), size);
+    }
+
+    /// Clients currently following a log.
+    pub fn log_followers(&self) -> usize {
+        self.lock().log_followers
+    }
+
+    /// Bodies received by POST, PUT and PATCH, in order.
+    pub fn bodies(&self) -> Vec<RecordedBody> {
+        self.lock().bodies.clone()
+    }
+
+    /// The stored object of a pod.
+    pub fn pod(&self, namespace: &str, name: &str) -> Option<Value> {
+        self.lock().pods.get(&(namespace.to_owned(), name.to_owned())).cloned()
     }
 
     pub fn requests(&self) -> Vec<RecordedRequest> {
@@ -298,4 +366,196 @@ fn watch(fake: Arc<Shared>, namespace: Option<String>) -> Response {
         .header("content-type", "application/json")
         .body(Body::from_stream(events))
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+fn record_body(fake: &Shared, method: &str, path: String, headers: &HeaderMap, body: &Bytes) {
+    let content_type = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+    fake.lock().bodies.push(RecordedBody { method: method.to_owned(), path, content_type, body: body.clone() });
+}
+
+/// Stores a pod object as the API server would: namespace, name, resourceVersion, uid filled in.
+fn store_pod(fake: &Shared, ns: &str, name: &str, mut obj: Value, event: &str) -> Value {
+    let mut inner = fake.lock();
+    inner.resource_version += 1;
+    let rv = inner.resource_version;
+    if !obj.is_object() {
+        obj = json!({});
+    }
+    obj["apiVersion"] = json!("v1");
+    obj["kind"] = json!("Pod");
+    let meta = &mut obj["metadata"];
+    if !meta.is_object() {
+        *meta = json!({});
+    }
+    meta["name"] = json!(name);
+    meta["namespace"] = json!(ns);
+    meta["resourceVersion"] = json!(rv.to_string());
+    meta["uid"] = json!(format!("uid-{ns}-{name}"));
+    if meta.get("creationTimestamp").is_none_or(Value::is_null) {
+        meta["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
+    }
+    if obj.get("status").is_none() {
+        obj["status"] = json!({"phase": "Pending"});
+    }
+    inner.pods.insert((ns.to_owned(), name.to_owned()), obj.clone());
+    drop(inner);
+    let _ = fake.events.send(json!({"type": event, "object": obj}));
+    obj
+}
+
+async fn create_pod(State(fake): St, Path(ns): Path<String>, headers: HeaderMap, body: Bytes) -> Response {
+    record_body(&fake, "POST", format!("/api/v1/namespaces/{ns}/pods"), &headers, &body);
+    let Ok(obj) = serde_json::from_slice::<Value>(&body) else {
+        return status(StatusCode::BAD_REQUEST, "BadRequest", "the body is not a JSON object");
+    };
+    let Some(name) = obj["metadata"]["name"].as_str().map(str::to_owned) else {
+        return status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", "metadata.name: Required value");
+    };
+    if fake.lock().pods.contains_key(&(ns.clone(), name.clone())) {
+        return status(StatusCode::CONFLICT, "AlreadyExists", &format!("pods \"{name}\" already exists"));
+    }
+    (StatusCode::CREATED, axum::Json(store_pod(&fake, &ns, &name, obj, "ADDED"))).into_response()
+}
+
+/// RFC 7386 merge (what merge-patch and, for the fields tests use, strategic-merge-patch do).
+fn merge(target: &mut Value, patch: &Value) {
+    match (target.as_object_mut(), patch.as_object()) {
+        (Some(t), Some(p)) => {
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        _ => *target = patch.clone(),
+    }
+}
+
+async fn patch_pod(
+    State(fake): St,
+    Path((ns, name)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    record_body(&fake, "PATCH", format!("/api/v1/namespaces/{ns}/pods/{name}"), &headers, &body);
+    let Some(mut obj) = fake.lock().pods.get(&(ns.clone(), name.clone())).cloned() else {
+        return status(StatusCode::NOT_FOUND, "NotFound", &format!("pods \"{name}\" not found"));
+    };
+    let Ok(patch) = serde_json::from_slice::<Value>(&body) else {
+        return status(StatusCode::BAD_REQUEST, "BadRequest", "the patch is not JSON");
+    };
+    merge(&mut obj, &patch);
+    axum::Json(store_pod(&fake, &ns, &name, obj, "MODIFIED")).into_response()
+}
+
+async fn put_pod(
+    State(fake): St,
+    Path((ns, name)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    record_body(&fake, "PUT", format!("/api/v1/namespaces/{ns}/pods/{name}"), &headers, &body);
+    let Ok(obj) = serde_json::from_slice::<Value>(&body) else {
+        return status(StatusCode::BAD_REQUEST, "BadRequest", "the body is not JSON");
+    };
+    axum::Json(store_pod(&fake, &ns, &name, obj, "MODIFIED")).into_response()
+}
+
+async fn delete_pod(State(fake): St, Path((ns, name)): Path<(String, String)>) -> Response {
+    let removed = fake.lock().pods.remove(&(ns.clone(), name.clone()));
+    match removed {
+        Some(obj) => {
+            let _ = fake.events.send(json!({"type": "DELETED", "object": obj}));
+            axum::Json(obj).into_response()
+        }
+        None => status(StatusCode::NOT_FOUND, "NotFound", &format!("pods \"{name}\" not found")),
+    }
+}
+
+/// Decrements the follower count when a follow stream is dropped (the client went away).
+struct Follower(Arc<Shared>);
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        self.0.lock().log_followers -= 1;
+    }
+}
+
+async fn pod_log(
+    State(fake): St,
+    Path((ns, name)): Path<(String, String)>,
+    Query(q): Query<std::collections::HashMap<String, String>>,
+) -> Response {
+    let key = (ns.clone(), name.clone());
+    let text = |b: Body| {
+        Response::builder()
+            .header("content-type", "text/plain")
+            .body(b)
+            .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+    };
+    let big = fake.lock().big_logs.get(&key).copied();
+    if let Some(size) = big {
+        let chunks = futures::stream::iter(big_log_chunks(size).map(Ok::<_, Infallible>));
+        return text(Body::from_stream(chunks));
+    }
+    let (existing, exists) = {
+        let inner = fake.lock();
+        (inner.logs.get(&key).cloned().unwrap_or_default(), inner.pods.contains_key(&key))
+    };
+    if !exists {
+        return status(StatusCode::NOT_FOUND, "NotFound", &format!("pods \"{name}\" not found"));
+    }
+    let initial: String = existing.iter().map(|l| format!("{l}\n")).collect();
+    let follow = q.get("follow").is_some_and(|v| v == "true" || v == "1");
+    if !follow {
+        return text(Body::from(initial));
+    }
+    // Subscribe before releasing the lock-held snapshot order: lines appended after the snapshot
+    // arrive through the channel.
+    let lines = BroadcastStream::new(fake.log_lines.subscribe());
+    fake.lock().log_followers += 1;
+    let follower = Follower(fake.clone());
+    let live = lines.filter_map(move |ev| {
+        let key = key.clone();
+        let _keep = &follower;
+        async move {
+            let (ns, pod, line) = ev.ok()?;
+            ((ns, pod) == key).then(|| Ok::<_, Infallible>(Bytes::from(format!("{line}\n"))))
+        }
+    });
+    let stream = futures::stream::once(async move { Ok::<_, Infallible>(Bytes::from(initial)) }).chain(live);
+    text(Body::from_stream(stream))
+}
+
+/// The WebSocket remote-command protocol (v4/v5.channel.k8s.io) as the kubelet speaks it, for
+/// `echo`: stdout on channel 1, the exit status on channel 3, then close.
+async fn exec(
+    State(fake): St,
+    Path((ns, name)): Path<(String, String)>,
+    Query(q): Query<Vec<(String, String)>>,
+    ws: Result<axum::extract::ws::WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
+) -> Response {
+    use axum::extract::ws::Message;
+    if !fake.lock().pods.contains_key(&(ns.clone(), name.clone())) {
+        return status(StatusCode::NOT_FOUND, "NotFound", &format!("pods \"{name}\" not found"));
+    }
+    let Ok(ws) = ws else {
+        return status(StatusCode::BAD_REQUEST, "BadRequest", "exec needs a WebSocket upgrade");
+    };
+    let command: Vec<String> = q.iter().filter(|(k, _)| k == "command").map(|(_, v)| v.clone()).collect();
+    ws.protocols(["v5.channel.k8s.io", "v4.channel.k8s.io"]).on_upgrade(move |mut socket| async move {
+        let output = match command.split_first() {
+            Some((cmd, args)) if cmd == "echo" => format!("{}\n", args.join(" ")),
+            _ => format!("fake exec: {}\n", command.join(" ")),
+        };
+        let mut stdout = vec![1u8];
+        stdout.extend_from_slice(output.as_bytes());
+        let mut status = vec![3u8];
+        status.extend_from_slice(br#"{"metadata":{},"status":"Success"}"#);
+        let _ = socket.send(Message::Binary(stdout.into())).await;
+        let _ = socket.send(Message::Binary(status.into())).await;
+        let _ = socket.send(Message::Close(None)).await;
+    })
 }

@@ -27,6 +27,7 @@ const PRODUCT_ENV: &[&str] = &[
     "KAS_AGENT_ADDRESS",
     "KAS_API_ADDRESS",
     "KAS_INTERNAL_ADDRESS",
+    "KAS_REST_ADDRESS",
     "KAS_LOG",
     "KAS_LOG_FORMAT",
     "KAS_REDIS_URL",
@@ -273,6 +274,7 @@ pub async fn start_kas_standalone(work_dir: &Path) -> KasProcess {
         .args(["--agent-address", "127.0.0.1:0"])
         .args(["--api-address", "127.0.0.1:0"])
         .args(["--internal-address", "127.0.0.1:0"])
+        .args(["--rest-address", "127.0.0.1:0"])
         .args(["--log-format", "json", "--log", "info"]);
     let mut process = Process::spawn("kas", cmd);
     let listening = process.wait_for_message("kas listening").await;
@@ -280,6 +282,7 @@ pub async fn start_kas_standalone(work_dir: &Path) -> KasProcess {
         agent: address(&listening, "agent"),
         api: address(&listening, "api"),
         internal: address(&listening, "internal"),
+        rest: address(&listening, "rest"),
     };
     let instructions = {
         let lines = process.lines.lock().unwrap();
@@ -309,6 +312,7 @@ pub async fn start_kas_with_config(config: &kas::Config, work_dir: &Path) -> Con
         agent: address(&listening, "agent"),
         api: address(&listening, "api"),
         internal: address(&listening, "internal"),
+        rest: address(&listening, "rest"),
     };
     let instance_id = listening["fields"]["kas"].as_str().expect("kas instance id in the log").to_owned();
     ConfiguredKas { process, addresses, instance_id }

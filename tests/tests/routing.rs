@@ -145,7 +145,12 @@ async fn a_crashed_kas_stops_receiving_requests_within_the_heartbeat_ttl() {
     c.kube.add_pod("default", "p");
     // kas B is a real process, so it can really crash (SIGKILL: no cleanup at all).
     let mut config = c.config.clone();
-    for l in [&mut config.listeners.agent, &mut config.listeners.api, &mut config.listeners.internal] {
+    for l in [
+        &mut config.listeners.agent,
+        &mut config.listeners.api,
+        &mut config.listeners.internal,
+        &mut config.listeners.rest,
+    ] {
         l.address = "127.0.0.1:0".into();
     }
     let b = start_kas_with_config(&config, c.dir.path()).await;

@@ -2,6 +2,7 @@
 //! The one list of modules of this binary is [`all`].
 
 pub mod get_pods;
+pub mod kubernetes_api;
 
 use std::sync::Arc;
 
@@ -18,8 +19,9 @@ pub trait Module: Send + Sync + 'static {
 }
 
 /// Every module of agentk.
-pub fn all(kube: kube::Client) -> Vec<Arc<dyn Module>> {
-    vec![Arc::new(get_pods::GetPods::new(kube))]
+pub fn all(kube_config: &kube::Config) -> Result<Vec<Arc<dyn Module>>, kube::Error> {
+    let client = kube::Client::try_from(kube_config.clone())?;
+    Ok(vec![Arc::new(get_pods::GetPods::new(client)), Arc::new(kubernetes_api::KubernetesApi::new(kube_config)?)])
 }
 
 /// Maps a Kubernetes client error to the status agentk reports to kas.

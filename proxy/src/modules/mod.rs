@@ -2,3 +2,4 @@
 
 pub mod configuration;
 pub mod get_pods;
+pub mod kubernetes_api;

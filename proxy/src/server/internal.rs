@@ -106,11 +106,14 @@ impl KasInternal for InternalService {
         let (tx, rx) = mpsc::channel(FORWARD_BUFFER);
         let from_routing = request.into_inner();
         tokio::spawn(async move {
-            // The response side decides when the exchange is over; the request side may end
-            // earlier (CloseSend) and must not cut the response.
-            let requests = tokio::spawn(pipe_requests(from_routing, to_agent));
-            pipe_responses(from_agent, tx).await;
-            requests.abort();
+            // Whichever side ends first ends the exchange: the response is complete, or the
+            // routing kas went away (its caller cancelled) and the agent's tunnel must be
+            // dropped so agentk cancels the API server request. The request side does not end
+            // at CloseSend: it waits for the routing kas to close the stream.
+            tokio::select! {
+                () = pipe_requests(from_routing, to_agent) => {}
+                () = pipe_responses(from_agent, tx) => {}
+            }
         });
         Ok(Response::new(ReceiverStream::new(rx)))
     }

@@ -3,6 +3,7 @@
 pub mod agent;
 pub mod api;
 pub mod internal;
+pub mod rest;
 
 use std::time::Duration;
 

@@ -1,0 +1,186 @@
+//! Kubernetes API proxy, kas half: one HTTP exchange with the agent's in-cluster API server,
+//! streamed both ways through a tunnel (routed like every other call: local, peer, or wait).
+//!
+//! kas never buffers a body: request chunks are forwarded as they arrive, response chunks are
+//! handed to the caller as they arrive, and flow control is the tunnel's HTTP/2 flow control.
+//! Nothing here has a read or write timeout: watches and `logs -f` run until a side closes.
+//! When the caller goes away, the tunnel is dropped, which cancels the request in agentk.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::Stream;
+use futures::StreamExt;
+use kas_proto::kubernetes_api::{HttpFrame, HttpRequestHead, HttpResponseHead, METHOD, http_frame, strip_hop_by_hop};
+use kas_proto::tunnel::pb::{ConnectResponse, MetadataValues, RequestInfo, connect_request};
+use kas_proto::{AgentId, ConnectionId};
+use prost::Message;
+use tokio_util::task::AbortOnDropHandle;
+
+use crate::error::KasError;
+use crate::router::{Router, Target};
+use crate::tunnel::{TunnelReceiver, TunnelSender, agent_error};
+
+/// Request headers kas itself drops before anything leaves for agentk: the caller's credentials
+/// (kas's own JWT) and what only meant something on the caller's connection to kas.
+const DROPPED_REQUEST_HEADERS: &[&str] = &["authorization", "cookie", "host"];
+
+/// Cleans a request head received from a caller.
+pub fn sanitize_request_head(head: &mut HttpRequestHead) {
+    let mut headers = kas_proto::kubernetes_api::headers_from_proto(&head.headers);
+    let upgrade = kas_proto::kubernetes_api::is_upgrade(&headers);
+    strip_hop_by_hop(&mut headers, upgrade);
+    for h in DROPPED_REQUEST_HEADERS {
+        headers.remove(*h);
+    }
+    let hops: Vec<_> = headers.keys().filter(|n| n.as_str().starts_with("kas-hop-")).cloned().collect();
+    for h in hops {
+        headers.remove(h);
+    }
+    head.headers = kas_proto::kubernetes_api::headers_to_proto(&headers);
+}
+
+/// An exchange in progress: the request side is being pumped, the response side is read here.
+pub struct Exchange {
+    receiver: TunnelReceiver,
+    sender: Option<TunnelSender>,
+}
+
+/// Opens an exchange: routes, sends the request head. The caller then streams the body with
+/// [`pump_body`] and reads the response with [`Exchange::response_head`] and [`body_stream`].
+pub async fn start(
+    router: &Router,
+    agent_id: AgentId,
+    connection_id: ConnectionId,
+    metadata: HashMap<String, MetadataValues>,
+    mut head: HttpRequestHead,
+    deadline: Option<Duration>,
+) -> Result<Exchange, KasError> {
+    if head.method.is_empty() || !head.path.starts_with('/') {
+        return Err(KasError::InvalidArgument("the request head needs a method and a path starting with /".into()));
+    }
+    sanitize_request_head(&mut head);
+    let tunnel = router.route(&Target::new(agent_id, connection_id, METHOD), deadline).await?;
+    let (sender, receiver) = tunnel.split();
+    sender.send(ConnectResponse::request_info(RequestInfo { method: METHOD.to_owned(), metadata })).await?;
+    sender.send(ConnectResponse::message(HttpFrame::request_head(head).to_bytes())).await?;
+    Ok(Exchange { receiver, sender: Some(sender) })
+}
+
+impl Exchange {
+    /// The sending side, to pump the request body (or upgraded bytes) with [`pump_body`].
+    pub fn take_sender(&mut self) -> Option<TunnelSender> {
+        self.sender.take()
+    }
+
+    /// Waits for the response head. Errors before it (agentk could not reach the API server,
+    /// the agent broke the protocol) come back as errors the caller maps to 502 and friends.
+    pub async fn response_head(&mut self) -> Result<HttpResponseHead, KasError> {
+        loop {
+            match self.receiver.recv().await? {
+                Some(connect_request::Msg::Header(_)) => continue,
+                Some(connect_request::Msg::Message(m)) => match decode(m.data)? {
+                    http_frame::Frame::ResponseHead(head) => return Ok(head),
+                    _ => return Err(KasError::Tunnel("agentk sent a body before the response head".into())),
+                },
+                Some(connect_request::Msg::Error(e)) => return Err(agent_error(e)),
+                Some(_) => return Err(KasError::Tunnel("agentk ended the response before its head".into())),
+                None => return Err(KasError::Tunnel("agentk closed the tunnel before the response head".into())),
+            }
+        }
+    }
+
+    /// The response body (or, after a 101, the bytes of the upgraded connection) as it arrives.
+    /// An error item means the response was cut short: the caller must abort, not finish it.
+    pub fn into_body_stream(self) -> impl Stream<Item = Result<Bytes, KasError>> + Send + 'static {
+        futures::stream::unfold(Some(self.receiver), |receiver| async move {
+            let mut receiver = receiver?;
+            loop {
+                match receiver.recv().await {
+                    Ok(Some(connect_request::Msg::Message(m))) => match decode(m.data) {
+                        Ok(http_frame::Frame::Body(chunk)) => {
+                            if chunk.is_empty() {
+                                continue;
+                            }
+                            return Some((Ok(chunk), Some(receiver)));
+                        }
+                        Ok(_) => {
+                            return Some((Err(KasError::Tunnel("unexpected frame in the response body".into())), None));
+                        }
+                        Err(e) => return Some((Err(e), None)),
+                    },
+                    Ok(Some(connect_request::Msg::Trailer(_))) => return None,
+                    Ok(Some(connect_request::Msg::Error(e))) => return Some((Err(agent_error(e)), None)),
+                    Ok(Some(_)) => continue,
+                    Ok(None) => {
+                        return Some((Err(KasError::Tunnel("agentk closed the tunnel mid-response".into())), None));
+                    }
+                    Err(e) => return Some((Err(e), None)),
+                }
+            }
+        })
+    }
+}
+
+fn decode(data: Bytes) -> Result<http_frame::Frame, KasError> {
+    HttpFrame::decode(data)
+        .ok()
+        .and_then(|f| f.frame)
+        .ok_or_else(|| KasError::Tunnel("agentk sent an invalid HTTP frame".into()))
+}
+
+/// Forwards request body chunks (or upgraded bytes) to agentk, then half-closes. Runs until the
+/// body ends, the tunnel closes, or the returned handle is dropped (the exchange is over).
+pub fn pump_body<S, E>(sender: TunnelSender, body: S) -> AbortOnDropHandle<()>
+where
+    S: Stream<Item = Result<Bytes, E>> + Send + 'static,
+    E: std::fmt::Display + Send + 'static,
+{
+    AbortOnDropHandle::new(tokio::spawn(async move {
+        let mut body = std::pin::pin!(body);
+        while let Some(chunk) = body.next().await {
+            match chunk {
+                Ok(chunk) if chunk.is_empty() => continue,
+                Ok(chunk) => {
+                    if sender.send(ConnectResponse::message(HttpFrame::body(chunk).to_bytes())).await.is_err() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    // The caller's body broke: dropping the tunnel cancels the request upstream.
+                    tracing::debug!(error = %e, "request body failed; cancelling the exchange");
+                    return;
+                }
+            }
+        }
+        let _ = sender.send(ConnectResponse::close_send()).await;
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kas_proto::kubernetes_api::{HeaderValues, headers_from_proto};
+
+    #[test]
+    fn caller_credentials_and_hop_headers_never_leave_kas() {
+        let mut headers = HashMap::new();
+        for (k, v) in [
+            ("authorization", "Bearer jwt"),
+            ("cookie", "a=b"),
+            ("host", "kas:8154"),
+            ("connection", "keep-alive"),
+            ("keep-alive", "5"),
+            ("kas-hop-agent-id", "1"),
+            ("accept", "application/json"),
+        ] {
+            headers.insert(k.to_owned(), HeaderValues { values: vec![Bytes::from(v)] });
+        }
+        let mut head = HttpRequestHead { method: "GET".into(), path: "/api".into(), headers };
+        sanitize_request_head(&mut head);
+        let h = headers_from_proto(&head.headers);
+        assert_eq!(h.len(), 1, "{h:?}");
+        assert_eq!(h["accept"], "application/json");
+    }
+}

@@ -1,0 +1,374 @@
+//! The REST gateway through `Router::oneshot` (no sockets): every route and error case.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode, header};
+use kas_proto::kas::{ConnectedAgentInfo, KasAddress as PbKasAddress, KasInstanceInfo};
+use serde_json::Value;
+use tokio_util::sync::{CancellationToken, DropGuard};
+use tower::ServiceExt;
+
+use super::*;
+use crate::auth::jwt::{GITLAB_ISSUER, KAS_AUDIENCE, KAS_ISSUER};
+use crate::auth::{Secret, mint_jwt};
+use crate::registry::{AgentRegistry, MemoryRegistry, RegistryTiming};
+use crate::router::peers::Peers;
+use crate::tunnel::TunnelRegistry;
+
+struct Fixture {
+    app: axum::Router,
+    secret: Secret,
+    registry: Arc<dyn AgentRegistry>,
+    _stop: DropGuard,
+}
+
+fn fixture_with(config: RestConfig, max_wait: Duration) -> Fixture {
+    let stop = CancellationToken::new();
+    let tunnels = TunnelRegistry::spawn(stop.clone());
+    let instance = KasInstanceInfo {
+        version: "test".into(),
+        commit: "test".into(),
+        address: Some(PbKasAddress { ip: "127.0.0.1".into(), port: 8155 }),
+        instance_id: "kas-test".into(),
+    };
+    let timing = RegistryTiming { ttl: Duration::from_secs(300), heartbeat_ttl: Duration::from_secs(60) };
+    let registry: Arc<dyn AgentRegistry> = Arc::new(MemoryRegistry::new(instance, timing));
+    let secret = Secret::generate();
+    let kas_router = Router::new(tunnels, registry.clone(), Arc::new(Peers::new(Secret::generate())), max_wait);
+    let app = router(RestState { router: kas_router, verifier: JwtVerifier::gitlab(&secret), config });
+    Fixture { app, secret, registry, _stop: stop.drop_guard() }
+}
+
+fn fixture() -> Fixture {
+    fixture_with(RestConfig::default(), Duration::from_millis(200))
+}
+
+impl Fixture {
+    fn token(&self) -> String {
+        mint_jwt(&self.secret, GITLAB_ISSUER, KAS_AUDIENCE, Duration::from_secs(60)).unwrap()
+    }
+
+    async fn send(&self, req: Request<Body>) -> (StatusCode, axum::http::HeaderMap, Value) {
+        let resp = self.app.clone().oneshot(req).await.unwrap();
+        let (parts, body) = resp.into_parts();
+        let bytes = axum::body::to_bytes(body, 10 << 20).await.unwrap();
+        let json = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).unwrap_or(Value::Null) };
+        (parts.status, parts.headers, json)
+    }
+
+    async fn get(&self, uri: &str) -> (StatusCode, axum::http::HeaderMap, Value) {
+        let req = Request::get(uri).header("authorization", format!("Bearer {}", self.token()));
+        self.send(req.body(Body::empty()).unwrap()).await
+    }
+}
+
+fn content_type(h: &axum::http::HeaderMap) -> &str {
+    h.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default()
+}
+
+/// Asserts an RFC 9457 problem with this status and returns its detail.
+fn assert_problem(status: StatusCode, headers: &axum::http::HeaderMap, body: &Value, expected: StatusCode) -> String {
+    assert_eq!(status, expected, "{body}");
+    assert_eq!(content_type(headers), PROBLEM_JSON);
+    assert_eq!(body["type"], "about:blank");
+    assert_eq!(body["status"], expected.as_u16());
+    assert_eq!(body["title"], expected.canonical_reason().unwrap());
+    assert!(body["code"].as_str().is_some_and(|c| !c.is_empty()), "{body}");
+    let id = headers.get(REQUEST_ID_HEADER).expect("x-request-id in every response").to_str().unwrap();
+    assert_eq!(body["request_id"], id, "the problem names the request id");
+    body["detail"].as_str().expect("detail").to_owned()
+}
+
+fn connection(agent_id: i64, project_id: i64, connection_id: i64, pod: &str) -> ConnectedAgentInfo {
+    ConnectedAgentInfo {
+        id: agent_id,
+        connection_id,
+        version: "v1.2.3".into(),
+        commit: "abc".into(),
+        pod_namespace: "agentk".into(),
+        pod_name: pod.into(),
+        connected_at: Some(prost_types::Timestamp { seconds: 1_767_323_045, nanos: 678_000_000 }),
+        kas_address: Some(PbKasAddress { ip: "127.0.0.1".into(), port: 8155 }),
+        project_id,
+        kas_instance_id: "kas-test".into(),
+    }
+}
+
+#[tokio::test]
+async fn missing_or_bad_tokens_are_401_problems() {
+    let f = fixture();
+    for uri in ["/api/v1/agents/1/connections", "/api/v1/projects/1/agents", "/api/v1/agents/1/pods"] {
+        let (s, h, b) = f.send(Request::get(uri).body(Body::empty()).unwrap()).await;
+        let detail = assert_problem(s, &h, &b, StatusCode::UNAUTHORIZED);
+        assert!(detail.contains("missing authorization"), "{detail}");
+        assert_eq!(h.get(header::WWW_AUTHENTICATE).unwrap(), "Bearer");
+        assert_eq!(b["code"], "UNAUTHENTICATED");
+    }
+    let bad = |auth: String| Request::get("/api/v1/agents/1/connections").header("authorization", auth);
+    let (s, h, b) = f.send(bad("Bearer garbage".into()).body(Body::empty()).unwrap()).await;
+    assert!(assert_problem(s, &h, &b, StatusCode::UNAUTHORIZED).contains("invalid JWT: malformed"));
+    let (s, h, b) = f.send(bad("Basic dXNlcjpwdw==".into()).body(Body::empty()).unwrap()).await;
+    assert!(assert_problem(s, &h, &b, StatusCode::UNAUTHORIZED).contains("malformed authorization"));
+    // Signed by the right secret but not a GitLab token (the internal listener's issuer).
+    let kas_token = mint_jwt(&f.secret, KAS_ISSUER, KAS_AUDIENCE, Duration::from_secs(60)).unwrap();
+    let (s, h, b) = f.send(bad(format!("Bearer {kas_token}")).body(Body::empty()).unwrap()).await;
+    assert!(assert_problem(s, &h, &b, StatusCode::UNAUTHORIZED).contains("wrong issuer"));
+    let other = mint_jwt(&Secret::generate(), GITLAB_ISSUER, KAS_AUDIENCE, Duration::from_secs(60)).unwrap();
+    let (s, h, b) = f.send(bad(format!("Bearer {other}")).body(Body::empty()).unwrap()).await;
+    assert!(assert_problem(s, &h, &b, StatusCode::UNAUTHORIZED).contains("invalid signature"));
+}
+
+#[tokio::test]
+async fn bad_ids_and_parameters_are_400_problems() {
+    let f = fixture();
+    for (uri, needle) in [
+        ("/api/v1/agents/abc/connections", "agent_id must be a positive integer"),
+        ("/api/v1/agents/0/connections", "agent_id must be a positive integer"),
+        ("/api/v1/agents/-1/connections", "agent_id must be a positive integer"),
+        ("/api/v1/agents/+1/connections", "agent_id must be a positive integer"),
+        ("/api/v1/agents/1.5/connections", "agent_id must be a positive integer"),
+        ("/api/v1/agents/99999999999999999999/connections", "agent_id must be a positive integer"),
+        ("/api/v1/projects/x/agents", "project_id must be a positive integer"),
+        ("/api/v1/agents/abc/pods", "agent_id must be a positive integer"),
+        ("/api/v1/agents/1/pods?connection_id=abc", "connection_id must be a non-negative integer"),
+        ("/api/v1/agents/1/pods?connection_id=-1", "connection_id must be a non-negative integer"),
+        ("/api/v1/agents/1/pods?connection_id=", "connection_id must be a non-negative integer"),
+        ("/api/v1/agents/1/pods?connection_id=1&connection_id=2", "bad query"),
+        ("/api/v1/agents/%FF/connections", "bad path"),
+    ] {
+        let (s, h, b) = f.get(uri).await;
+        let detail = assert_problem(s, &h, &b, StatusCode::BAD_REQUEST);
+        assert!(detail.contains(needle), "{uri}: {detail}");
+        assert_eq!(b["code"], "INVALID_ARGUMENT");
+    }
+}
+
+#[tokio::test]
+async fn unknown_routes_are_404_and_wrong_methods_405_problems() {
+    let f = fixture();
+    for uri in ["/", "/nope", "/api/v1/agents", "/api/v1/agents/1", "/api/v2/agents/1/pods"] {
+        let (s, h, b) = f.get(uri).await;
+        let detail = assert_problem(s, &h, &b, StatusCode::NOT_FOUND);
+        assert!(detail.contains("no route for GET"), "{detail}");
+    }
+    let req = Request::post("/api/v1/agents/1/connections")
+        .header("authorization", format!("Bearer {}", f.token()))
+        .body(Body::empty())
+        .unwrap();
+    let (s, h, b) = f.send(req).await;
+    assert_problem(s, &h, &b, StatusCode::METHOD_NOT_ALLOWED);
+    assert!(h.get(header::ALLOW).unwrap().to_str().unwrap().contains("GET"), "{h:?}");
+}
+
+#[tokio::test]
+async fn connections_by_agent_and_project_have_string_ids_and_rfc3339_times() {
+    let f = fixture();
+    f.registry.heartbeat().await.unwrap();
+    // Above 2^53: a JavaScript number would round these.
+    let big = 9_007_199_254_740_993_i64;
+    f.registry.register(connection(1, 10, big, "agentk-0")).await.unwrap();
+    f.registry.register(connection(1, 10, 7, "agentk-1")).await.unwrap();
+    f.registry.register(connection(2, 10, 8, "other")).await.unwrap();
+
+    let (s, h, b) = f.get("/api/v1/agents/1/connections").await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    assert_eq!(content_type(&h), "application/json");
+    let conns = b["connections"].as_array().unwrap();
+    assert_eq!(conns.len(), 2);
+    let first = conns.iter().find(|c| c["pod_name"] == "agentk-0").unwrap();
+    assert_eq!(first["agent_id"], "1");
+    assert_eq!(first["connection_id"], big.to_string());
+    assert_eq!(first["project_id"], "10");
+    assert_eq!(first["version"], "v1.2.3");
+    assert_eq!(first["commit"], "abc");
+    assert_eq!(first["pod_namespace"], "agentk");
+    assert_eq!(first["kas_instance_id"], "kas-test");
+    assert_eq!(first["kas_address"], serde_json::json!({"ip": "127.0.0.1", "port": 8155}));
+    let at = first["connected_at"].as_str().unwrap();
+    assert_eq!(at, "2026-01-02T03:04:05.678Z");
+    humantime::parse_rfc3339(at).unwrap();
+
+    let (s, _, b) = f.get("/api/v1/projects/10/agents").await;
+    assert_eq!(s, StatusCode::OK);
+    let mut ids: Vec<&str> =
+        b["connections"].as_array().unwrap().iter().map(|c| c["agent_id"].as_str().unwrap()).collect();
+    ids.sort();
+    assert_eq!(ids, vec!["1", "1", "2"]);
+    let (s, _, b) = f.get("/api/v1/projects/11/agents").await;
+    assert_eq!((s, b), (StatusCode::OK, serde_json::json!({"connections": []})));
+    let (s, _, b) = f.get("/api/v1/agents/3/connections").await;
+    assert_eq!((s, b), (StatusCode::OK, serde_json::json!({"connections": []})));
+}
+
+#[tokio::test]
+async fn get_pods_for_an_agent_that_is_not_connected_is_503_or_504() {
+    let f = fixture();
+    let started = std::time::Instant::now();
+    let (s, h, b) = f.get("/api/v1/agents/5/pods").await;
+    let detail = assert_problem(s, &h, &b, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(detail.contains("agent 5 is not connected"), "{detail}");
+    assert_eq!(b["code"], "UNAVAILABLE");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let (s, h, b) = f.get("/api/v1/agents/5/pods?connection_id=42").await;
+    assert!(assert_problem(s, &h, &b, StatusCode::SERVICE_UNAVAILABLE).contains("connection 42 of agent 5"));
+
+    // A request timeout shorter than routing.max_wait is the caller's deadline: 504, explained.
+    let config = RestConfig { request_timeout: Duration::from_millis(300), ..RestConfig::default() };
+    let f = fixture_with(config, Duration::from_secs(30));
+    let (s, h, b) = f.get("/api/v1/agents/5/pods").await;
+    let detail = assert_problem(s, &h, &b, StatusCode::GATEWAY_TIMEOUT);
+    assert!(detail.contains("waiting for agent 5"), "{detail}");
+    assert_eq!(b["code"], "DEADLINE_EXCEEDED");
+}
+
+#[tokio::test]
+async fn request_ids_are_echoed_or_generated() {
+    let f = fixture();
+    let req = Request::get("/api/v1/agents/1/connections")
+        .header("authorization", format!("Bearer {}", f.token()))
+        .header("x-request-id", "caller-id-1")
+        .body(Body::empty())
+        .unwrap();
+    let (s, h, _) = f.send(req).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(h.get(REQUEST_ID_HEADER).unwrap(), "caller-id-1");
+    let req = Request::get("/nope").header("x-request-id", "caller-id-2").body(Body::empty()).unwrap();
+    let (_, h, b) = f.send(req).await;
+    assert_eq!(h.get(REQUEST_ID_HEADER).unwrap(), "caller-id-2");
+    assert_eq!(b["request_id"], "caller-id-2");
+    let (_, h1, _) = f.get("/api/v1/agents/1/connections").await;
+    let (_, h2, _) = f.get("/api/v1/agents/1/connections").await;
+    let (a, b) = (h1.get(REQUEST_ID_HEADER).unwrap(), h2.get(REQUEST_ID_HEADER).unwrap());
+    assert_eq!(a.len(), 36, "a generated UUID: {a:?}");
+    assert_ne!(a, b);
+}
+
+#[tokio::test]
+async fn openapi_and_swagger_ui_are_public() {
+    let f = fixture();
+    let (s, h, spec) = f.send(Request::get(OPENAPI_PATH).body(Body::empty()).unwrap()).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(content_type(&h), "application/json");
+    assert_eq!(spec["openapi"], "3.1.0");
+    let scheme = &spec["components"]["securitySchemes"]["bearer"];
+    assert_eq!((scheme["type"].as_str(), scheme["scheme"].as_str()), (Some("http"), Some("bearer")));
+    assert_eq!(scheme["bearerFormat"], "JWT");
+    for (path, op) in [
+        ("/api/v1/agents/{agent_id}/connections", "connectedAgentsById"),
+        ("/api/v1/projects/{project_id}/agents", "connectedAgentsForProject"),
+        ("/api/v1/agents/{agent_id}/pods", "getPods"),
+    ] {
+        let get = &spec["paths"][path]["get"];
+        assert_eq!(get["operationId"], op);
+        assert_eq!(get["security"], serde_json::json!([{"bearer": []}]));
+        assert!(get["responses"]["400"]["content"][PROBLEM_JSON].is_object(), "{path}");
+    }
+    let k8s = &spec["paths"]["/api/v1/agents/{agent_id}/kubernetes/{path}"];
+    for m in ["get", "post", "put", "patch", "delete"] {
+        assert_eq!(k8s[m]["operationId"], "kubernetesApiProxy", "{m}");
+    }
+
+    let resp = f.app.clone().oneshot(Request::get("/swagger-ui/").body(Body::empty()).unwrap()).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let html = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();
+    assert!(String::from_utf8_lossy(&html).contains("swagger-ui"));
+    let resp = f.app.clone().oneshot(Request::get("/swagger-ui").body(Body::empty()).unwrap()).await.unwrap();
+    assert!(resp.status().is_redirection());
+    let resp =
+        f.app.clone().oneshot(Request::get("/swagger-ui/swagger-initializer.js").body(Body::empty()).unwrap()).await;
+    let js = axum::body::to_bytes(resp.unwrap().into_body(), 1 << 20).await.unwrap();
+    assert!(String::from_utf8_lossy(&js).contains(OPENAPI_PATH));
+}
+
+#[test]
+fn openapi_document_is_committed() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../openapi/openapi.json");
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        committed == openapi_json(),
+        "{} differs from the OpenAPI document the code generates; regenerate it with\n  \
+         cargo run -q --bin kas -- openapi > openapi/openapi.json",
+        path.display()
+    );
+}
+
+#[tokio::test]
+async fn large_bodies_are_413_problems() {
+    let config = RestConfig { max_request_body_bytes: 16, ..RestConfig::default() };
+    let f = fixture_with(config, Duration::from_millis(200));
+    let req = Request::post("/api/v1/agents/1/connections")
+        .header("authorization", format!("Bearer {}", f.token()))
+        .header(header::CONTENT_LENGTH, "100")
+        .body(Body::from(vec![b'x'; 100]))
+        .unwrap();
+    let (s, h, b) = f.send(req).await;
+    assert!(assert_problem(s, &h, &b, StatusCode::PAYLOAD_TOO_LARGE).contains("max_request_body_bytes"));
+}
+
+#[tokio::test]
+async fn cors_is_off_by_default_and_configurable() {
+    let preflight = || {
+        Request::options("/api/v1/agents/1/connections")
+            .header(header::ORIGIN, "https://gitlab.example.com")
+            .header(header::ACCESS_CONTROL_REQUEST_METHOD, "GET")
+            .header(header::ACCESS_CONTROL_REQUEST_HEADERS, "authorization")
+            .body(Body::empty())
+            .unwrap()
+    };
+    let f = fixture();
+    let (_, h, _) = f.send(preflight()).await;
+    assert!(h.get(header::ACCESS_CONTROL_ALLOW_ORIGIN).is_none(), "{h:?}");
+
+    let mut config = RestConfig::default();
+    config.cors.allowed_origins = vec!["https://gitlab.example.com".into()];
+    let f = fixture_with(config, Duration::from_millis(200));
+    let (s, h, _) = f.send(preflight()).await;
+    assert!(s.is_success(), "{s}");
+    assert_eq!(h.get(header::ACCESS_CONTROL_ALLOW_ORIGIN).unwrap(), "https://gitlab.example.com");
+    let req = Request::get("/api/v1/agents/1/connections")
+        .header(header::ORIGIN, "https://evil.example.com")
+        .header("authorization", format!("Bearer {}", f.token()))
+        .body(Body::empty())
+        .unwrap();
+    let (_, h, _) = f.send(req).await;
+    assert!(h.get(header::ACCESS_CONTROL_ALLOW_ORIGIN).is_none());
+}
+
+#[tokio::test]
+async fn internal_detail_is_not_in_problems_and_bare_errors_become_problems() {
+    let resp = KasError::Internal("secret path /x".into()).into_response();
+    assert_eq!(resp.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let body: Value = serde_json::from_slice(&axum::body::to_bytes(resp.into_body(), 1 << 16).await.unwrap()).unwrap();
+    assert_eq!(body["detail"], "internal error");
+    assert_eq!(body["code"], "INTERNAL");
+    let resp =
+        KasError::AgentError { code: tonic::Code::PermissionDenied, message: "forbidden".into() }.into_response();
+    assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
+    let body: Value = serde_json::from_slice(&axum::body::to_bytes(resp.into_body(), 1 << 16).await.unwrap()).unwrap();
+    assert_eq!(body["code"], "PERMISSION_DENIED");
+
+    // What TimeoutLayer answers (an empty 504) becomes a problem.
+    let resp = problem_for_bare_errors(StatusCode::GATEWAY_TIMEOUT.into_response()).await;
+    assert_eq!(resp.headers().get(header::CONTENT_TYPE).unwrap(), PROBLEM_JSON);
+    let body: Value = serde_json::from_slice(&axum::body::to_bytes(resp.into_body(), 1 << 16).await.unwrap()).unwrap();
+    assert!(body["detail"].as_str().unwrap().contains("rest.request_timeout"));
+    // A typed error body (e.g. a Kubernetes Status passing through) is left alone.
+    let typed = (StatusCode::NOT_FOUND, [(header::CONTENT_TYPE, "application/json")], "{}").into_response();
+    let resp = problem_for_bare_errors(typed).await;
+    assert_eq!(resp.headers().get(header::CONTENT_TYPE).unwrap(), "application/json");
+}
+
+#[test]
+fn only_whitelisted_headers_reach_agentk() {
+    let mut h = HeaderMap::new();
+    h.insert("authorization", "Bearer secret".parse().unwrap());
+    h.insert("x-request-id", "r1".parse().unwrap());
+    h.insert("user-agent", "curl/8".parse().unwrap());
+    h.insert("cookie", "a=b".parse().unwrap());
+    let m = forwarded_metadata(&h);
+    assert_eq!(m.len(), 2, "{m:?}");
+    assert_eq!(m["x-request-id"].values, vec!["r1".to_owned()]);
+    assert_eq!(m["user-agent"].values, vec!["curl/8".to_owned()]);
+}

@@ -1,0 +1,75 @@
+//! Property-based API test of the REST gateway with schemathesis (a client that is not ours):
+//! it reads `/openapi.json` from a kas with a real agentk and sends generated valid and invalid
+//! requests, checking that no response is a server error or breaks the document (status codes,
+//! content types, bodies, headers, auth enforcement, 405 on undocumented methods).
+//!
+//! Needs `pip install schemathesis==4.32.5`; under `CI=true` a missing schemathesis fails the
+//! test, elsewhere it prints `SKIPPED`.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
+use std::time::Duration;
+
+use kas_e2e::Cluster;
+
+/// The one allowance: GetPods for an agent id that is not connected answers the documented
+/// `503 agent N is not connected` after `routing.max_wait`. Generated ids are random, so almost
+/// every GetPods case hits an agent that is not connected; `not_a_server_error` flags any 5xx,
+/// so for this operation (only) 503 is an expected status. Every other 5xx still fails.
+const CONFIG: &str = r#"
+[[operations]]
+include-operation-id = "getPods"
+checks.not_a_server_error.expected-statuses = ["2xx", "3xx", "4xx", "503"]
+"#;
+
+fn schemathesis_version() -> Option<String> {
+    let out = std::process::Command::new("schemathesis").arg("--version").output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+#[tokio::test]
+async fn schemathesis_finds_no_server_errors_or_spec_violations() {
+    let Some(version) = schemathesis_version() else {
+        let msg = "schemathesis is not installed: python3 -m pip install schemathesis==4.32.5";
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            panic!("{msg}");
+        }
+        eprintln!("\n*** SKIPPED: {msg} ***\n");
+        return;
+    };
+    // Short max_wait: GetPods for an agent that is not connected answers 503 quickly.
+    let c = Cluster::builder().agents(&[(1, 10), (2, 10)]).max_wait(Duration::from_millis(500)).start().await;
+    c.kube.add_pod("default", "web-1");
+    let _a = c.start_agentk(1, 0, "agentk-0").await;
+    let config = c.dir.path().join("schemathesis.toml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let seed = std::env::var("SCHEMATHESIS_SEED").unwrap_or_else(|_| "20260101".into());
+
+    let run = tokio::process::Command::new("schemathesis")
+        .arg("--config-file")
+        .arg(&config)
+        .arg("run")
+        .arg(format!("{}/openapi.json", c.rest_url(0)))
+        .args(["--header", &format!("Authorization: Bearer {}", c.gitlab_jwt())])
+        .args(["--checks", "all"])
+        // The Kubernetes API proxy is documented but not routed yet (the lead adds it); it is
+        // excluded until then. Remove this filter when `/kubernetes/{path}` is served.
+        .args(["--exclude-path-regex", "/kubernetes/"])
+        .args(["--max-examples", "25", "--seed", &seed, "--workers", "2"])
+        .args(["--generation-database", "none", "--no-color", "--request-timeout", "10"])
+        // Reports and caches land in the cluster's temp dir, not the source tree.
+        .current_dir(c.dir.path())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(300), run).await.expect("schemathesis timed out").unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "schemathesis ({version}, seed {seed}) found problems:\n{stdout}\n{stderr}\n\
+         reproduce with SCHEMATHESIS_SEED={seed}"
+    );
+    // It really tested the three JSON operations (and only those).
+    assert!(stdout.contains("Tested: 3"), "schemathesis did not test the three JSON operations:\n{stdout}");
+    assert!(stdout.contains("No issues found"), "{stdout}");
+    eprintln!("{stdout}");
+}

@@ -1,0 +1,78 @@
+//! Swagger UI in a real browser: headless Debian Chromium driven by Playwright
+//! (`tests/browser/swagger.mjs`) loads `/swagger-ui` from a kas with a real agentk, checks the
+//! operations render, authorizes with a JWT and runs GetPods with "Try it out" (200).
+//!
+//! Needs node, `/usr/bin/chromium` (`apt-get install chromium`) and playwright-core
+//! (`npm ci --prefix tests/browser`). Under `CI=true` a missing tool fails the test; elsewhere it
+//! prints `SKIPPED`.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use kas_e2e::Cluster;
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned()
+}
+
+fn chromium() -> PathBuf {
+    std::env::var_os("CHROMIUM").map(PathBuf::from).unwrap_or_else(|| "/usr/bin/chromium".into())
+}
+
+/// What is missing to run the browser test, if anything.
+fn missing_tools() -> Vec<&'static str> {
+    let mut missing = Vec::new();
+    let node = std::process::Command::new("node").arg("--version").output();
+    if !node.is_ok_and(|o| o.status.success()) {
+        missing.push("node (Debian: apt-get install nodejs npm)");
+    }
+    if !chromium().is_file() {
+        missing.push("chromium at /usr/bin/chromium (Debian: apt-get install chromium)");
+    }
+    if !workspace().join("tests/browser/node_modules/playwright-core/package.json").is_file() {
+        missing.push("playwright-core (npm ci --prefix tests/browser; never `npx playwright install`)");
+    }
+    missing
+}
+
+#[tokio::test]
+async fn swagger_ui_renders_and_try_it_out_calls_get_pods() {
+    let missing = missing_tools();
+    if !missing.is_empty() {
+        let msg = format!("the Swagger UI browser test needs: {}", missing.join("; "));
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            panic!("{msg}");
+        }
+        eprintln!("\n*** SKIPPED: {msg} ***\n");
+        return;
+    }
+    let c = Cluster::builder().start().await;
+    c.kube.add_pod("default", "web-1");
+    let _a = c.start_agentk(1, 0, "agentk-0").await;
+
+    let screenshot = std::env::var_os("KAS_SWAGGER_SCREENSHOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| c.dir.path().join("swagger-ui.png"));
+    let script = workspace().join("tests/browser/swagger.mjs");
+    let run = tokio::process::Command::new("node")
+        .arg(&script)
+        .arg(c.rest_url(0))
+        .arg(c.gitlab_jwt())
+        .arg(&screenshot)
+        .env("CHROMIUM", chromium())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(180), run).await.expect("browser test timed out").unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "swagger.mjs failed ({}):\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
+    let seen: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(seen["title"].as_str().map(|t| t.starts_with("kas REST gateway")), Some(true), "{seen}");
+    assert_eq!(seen["status"], "200", "{seen}");
+    assert_eq!(seen["authorized"], true, "{seen}");
+    let body: serde_json::Value = serde_json::from_str(seen["body"].as_str().unwrap()).unwrap();
+    assert_eq!(body, serde_json::json!({"pods": [{"namespace": "default", "name": "web-1"}]}));
+    assert_eq!(seen["errors"], serde_json::json!([]), "no JavaScript errors on the page");
+    eprintln!("Swagger UI screenshot: {}", screenshot.display());
+}
