@@ -46,8 +46,8 @@ pub enum AppError {
     Bind { listener: &'static str, address: SocketAddr, source: std::io::Error },
     #[error("the {listener} listener failed: {source}")]
     Serve { listener: &'static str, source: tonic::transport::Error },
-    #[error("the rest listener failed: {0}")]
-    RestServe(std::io::Error),
+    #[error("TLS of the rest listener: {message}")]
+    RestTls { message: String },
     #[error("TLS of the {listener} listener: cannot read {path}: {source}")]
     TlsFile { listener: &'static str, path: String, source: std::io::Error },
     #[error("TLS of the {listener} listener: {source}")]
@@ -84,6 +84,7 @@ struct ListenerTls {
     agent: Option<ServerTlsConfig>,
     api: Option<ServerTlsConfig>,
     internal: Option<ServerTlsConfig>,
+    rest: Option<tokio_rustls::TlsAcceptor>,
 }
 
 fn load_tls(listener: &'static str, config: &ListenerConfig) -> Result<Option<ServerTlsConfig>, AppError> {
@@ -155,6 +156,12 @@ impl App {
             agent: load_tls("agent", &config.listeners.agent)?,
             api: load_tls("api", &config.listeners.api)?,
             internal: load_tls("internal", &config.listeners.internal)?,
+            rest: match &config.listeners.rest.tls {
+                Some(tls) => Some(
+                    crate::server::rest_serve::tls_acceptor(tls).map_err(|message| AppError::RestTls { message })?,
+                ),
+                None => None,
+            },
         };
 
         async fn bind(listener: &'static str, address: SocketAddr) -> Result<TcpListener, AppError> {
@@ -292,14 +299,13 @@ impl Bound {
             verifier: JwtVerifier::gitlab(&gitlab_secret),
             config: config.rest.clone(),
         };
-        // axum::serve speaks HTTP/1.1 and h2c and supports upgrades; on shutdown it stops
-        // accepting and lets in-flight requests finish (bounded by the grace period below).
+        // HTTP/1.1 and HTTP/2, upgrades, optional TLS; on shutdown it stops accepting and lets
+        // in-flight requests finish (bounded by the grace period below).
         let rest_shutdown = shutdown.clone();
+        let rest_tls = tls.rest;
         let mut rest_task = tokio::spawn(async move {
-            axum::serve(rest, rest::router(rest_state))
-                .with_graceful_shutdown(rest_shutdown.cancelled_owned())
-                .await
-                .map_err(AppError::RestServe)
+            crate::server::rest_serve::serve(rest, rest_tls, rest::router(rest_state), rest_shutdown).await;
+            Ok(())
         });
         let mut internal_task = spawn_server(
             "internal",

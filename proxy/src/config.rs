@@ -54,7 +54,8 @@ pub struct ListenersConfig {
     pub api: ListenerConfig,
     /// Other kas call KasInternal here.
     pub internal: ListenerConfig,
-    /// The REST gateway (JSON over HTTP, OpenAPI, Swagger UI). Plaintext only: `tls` is rejected.
+    /// The REST gateway (JSON over HTTP, OpenAPI, Swagger UI) and the Kubernetes API proxy.
+    /// kubectl sends its token only over TLS, so give it `tls` when kubectl uses it.
     pub rest: ListenerConfig,
 }
 
@@ -260,14 +261,6 @@ impl Config {
                 message: format!("\"{}\" is not an ip:port address ({e})", l.address),
             })?;
         }
-        if self.listeners.rest.tls.is_some() {
-            return Err(ConfigError::Invalid {
-                key: "listeners.rest.tls",
-                message: "is not supported: the rest listener serves plaintext HTTP; terminate TLS in front of it \
-                          (ingress, load balancer) or keep it on loopback"
-                    .into(),
-            });
-        }
         for origin in &self.rest.cors.allowed_origins {
             let ok = origin == "*"
                 || ((origin.starts_with("http://") || origin.starts_with("https://"))
@@ -381,9 +374,6 @@ mod tests {
         let mut c = Config::parse(example()).unwrap();
         c.registry.refresh_period = c.registry.ttl;
         assert!(c.validate().unwrap_err().to_string().contains("registry.refresh_period"));
-        let mut c = Config::parse(example()).unwrap();
-        c.listeners.rest.tls = Some(TlsConfig { certificate_file: "/c.pem".into(), key_file: "/k.pem".into() });
-        assert!(c.validate().unwrap_err().to_string().contains("listeners.rest.tls: is not supported"));
         let mut c = Config::parse(example()).unwrap();
         c.rest.cors.allowed_origins = vec!["https://ok.example".into(), "gitlab.example.com".into()];
         assert!(c.validate().unwrap_err().to_string().contains("rest.cors.allowed_origins"));

@@ -87,6 +87,20 @@ impl ClusterBuilder {
         self
     }
 
+    /// Serve the rest listener over TLS with a self-signed certificate for `localhost` (kubectl
+    /// sends its bearer token only over TLS). The certificate is its own CA.
+    pub fn rest_tls(self) -> Self {
+        self.configure(|config, dir| {
+            let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+                .expect("certificate");
+            let certificate_file = dir.join("rest.crt");
+            let key_file = dir.join("rest.key");
+            std::fs::write(&certificate_file, cert.cert.pem()).expect("write cert");
+            std::fs::write(&key_file, cert.signing_key.serialize_pem()).expect("write key");
+            config.listeners.rest.tls = Some(kas::config::TlsConfig { certificate_file, key_file });
+        })
+    }
+
     /// kas's routing.max_wait.
     pub fn max_wait(mut self, d: Duration) -> Self {
         self.max_wait = d;
@@ -338,8 +352,19 @@ impl Cluster {
     }
 
     /// Base URL of kas number `kas`'s REST gateway, e.g. `http://127.0.0.1:40123`.
+    /// The rest listener's base URL (`https://localhost:port` when it serves TLS).
     pub fn rest_url(&self, kas: usize) -> String {
-        format!("http://{}", self.kas[kas].addresses.rest)
+        let rest = self.kas[kas].addresses.rest;
+        if self.config.listeners.rest.tls.is_some() {
+            format!("https://localhost:{}", rest.port())
+        } else {
+            format!("http://{rest}")
+        }
+    }
+
+    /// The CA certificate that signed the rest listener's certificate, when it serves TLS.
+    pub fn rest_ca_file(&self) -> Option<PathBuf> {
+        self.config.listeners.rest.tls.as_ref().map(|t| t.certificate_file.clone())
     }
 
     pub fn internal_with_token(&self, kas: usize, token: Option<String>) -> InternalClient {

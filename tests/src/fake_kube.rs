@@ -75,6 +75,9 @@ struct Inner {
     big_logs: BTreeMap<(String, String), u64>,
     /// Live log followers (cancelled when the client goes away).
     log_followers: usize,
+    /// Every watch event, so a watch from a resourceVersion replays what it missed (as the API
+    /// server does: kubectl lists, then watches from the list's resourceVersion).
+    history: Vec<Value>,
 }
 
 /// What the server task shares with the handle.
@@ -171,7 +174,7 @@ impl FakeKube {
         let obj = pod_object(namespace, name, inner.resource_version);
         inner.pods.insert((namespace.to_owned(), name.to_owned()), obj.clone());
         drop(inner);
-        let _ = self.shared.events.send(json!({"type": "ADDED", "object": obj}));
+        self.shared.publish(json!({"type": "ADDED", "object": obj}));
     }
 
     pub fn delete_pod(&self, namespace: &str, name: &str) {
@@ -179,7 +182,7 @@ impl FakeKube {
         inner.resource_version += 1;
         if let Some(obj) = inner.pods.remove(&(namespace.to_owned(), name.to_owned())) {
             drop(inner);
-            let _ = self.shared.events.send(json!({"type": "DELETED", "object": obj}));
+            self.shared.publish(json!({"type": "DELETED", "object": obj}));
         }
     }
 
@@ -232,7 +235,20 @@ impl FakeKube {
     }
 }
 
+fn event_rv(ev: &Value) -> u64 {
+    ev["object"]["metadata"]["resourceVersion"].as_str().and_then(|s| s.parse().ok()).unwrap_or(0)
+}
+
 impl Shared {
+    fn publish(&self, event: Value) {
+        // Recorded and sent under the lock, so a watch's replay and its live events never
+        // miss or repeat one.
+        let mut inner = self.lock();
+        inner.history.push(event.clone());
+        let _ = self.events.send(event);
+        drop(inner);
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -320,44 +336,109 @@ async fn api_resources() -> impl IntoResponse {
     }))
 }
 
+/// The resourceVersion a watch starts after; without one, only new events (what the fake has
+/// instead of the API server's "start at the most recent").
+fn since(q: &std::collections::HashMap<String, String>) -> u64 {
+    q.get("resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(u64::MAX)
+}
+
 fn is_watch(q: &std::collections::HashMap<String, String>) -> bool {
     q.get("watch").is_some_and(|v| v == "1" || v == "true")
 }
 
-async fn list_all_pods(State(fake): St, Query(q): Query<std::collections::HashMap<String, String>>) -> Response {
-    if is_watch(&q) {
-        return watch(fake, None);
+/// Whether the client asked for server-side printing (`Accept: ...;as=Table;...`), as kubectl does.
+fn wants_table(headers: &HeaderMap) -> bool {
+    headers.get_all("accept").iter().filter_map(|v| v.to_str().ok()).any(|v| v.contains("as=Table"))
+}
+
+/// A `meta.k8s.io/v1` Table of pods, the way the API server prints them for kubectl.
+fn pod_table(pods: &[Value], resource_version: &str) -> Value {
+    let rows: Vec<Value> = pods
+        .iter()
+        .map(|p| {
+            json!({
+                "cells": [p["metadata"]["name"], "1/1", p["status"]["phase"].as_str().unwrap_or("Running"), 0, "1d"],
+                "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": p["metadata"]},
+            })
+        })
+        .collect();
+    let column = |name: &str, ty: &str, format: &str| json!({"name": name, "type": ty, "format": format, "description": "", "priority": 0});
+    json!({
+        "kind": "Table", "apiVersion": "meta.k8s.io/v1",
+        "metadata": {"resourceVersion": resource_version},
+        "columnDefinitions": [
+            column("Name", "string", "name"), column("Ready", "string", ""), column("Status", "string", ""),
+            column("Restarts", "integer", ""), column("Age", "string", ""),
+        ],
+        "rows": rows,
+    })
+}
+
+fn list_response(fake: &Shared, namespace: Option<&str>, headers: &HeaderMap) -> Response {
+    let list = fake.pod_list(namespace);
+    if wants_table(headers) {
+        let rv = list["metadata"]["resourceVersion"].as_str().unwrap_or_default().to_owned();
+        let items = list["items"].as_array().cloned().unwrap_or_default();
+        return axum::Json(pod_table(&items, &rv)).into_response();
     }
-    axum::Json(fake.pod_list(None)).into_response()
+    axum::Json(list).into_response()
+}
+
+async fn list_all_pods(
+    State(fake): St,
+    headers: HeaderMap,
+    Query(q): Query<std::collections::HashMap<String, String>>,
+) -> Response {
+    if is_watch(&q) {
+        return watch(fake, None, wants_table(&headers), since(&q));
+    }
+    list_response(&fake, None, &headers)
 }
 
 async fn list_namespaced_pods(
     State(fake): St,
+    headers: HeaderMap,
     Path(ns): Path<String>,
     Query(q): Query<std::collections::HashMap<String, String>>,
 ) -> Response {
     if is_watch(&q) {
-        return watch(fake, Some(ns));
+        return watch(fake, Some(ns), wants_table(&headers), since(&q));
     }
-    axum::Json(fake.pod_list(Some(&ns))).into_response()
+    list_response(&fake, Some(&ns), &headers)
 }
 
-async fn get_pod(State(fake): St, Path((ns, name)): Path<(String, String)>) -> Response {
-    match fake.lock().pods.get(&(ns.clone(), name.clone())) {
-        Some(p) => axum::Json(p.clone()).into_response(),
+async fn get_pod(State(fake): St, headers: HeaderMap, Path((ns, name)): Path<(String, String)>) -> Response {
+    let pod = fake.lock().pods.get(&(ns.clone(), name.clone())).cloned();
+    match pod {
+        Some(p) if wants_table(&headers) => {
+            let rv = p["metadata"]["resourceVersion"].as_str().unwrap_or_default().to_owned();
+            axum::Json(pod_table(&[p], &rv)).into_response()
+        }
+        Some(p) => axum::Json(p).into_response(),
         None => status(StatusCode::NOT_FOUND, "NotFound", &format!("pods \"{name}\" not found")),
     }
 }
 
-/// Streams watch events (one JSON object per line) until the client goes away.
-fn watch(fake: Arc<Shared>, namespace: Option<String>) -> Response {
-    let events = BroadcastStream::new(fake.events.subscribe()).filter_map(move |ev| {
+/// Streams watch events (one JSON object per line) until the client goes away. With `table`,
+/// each event's object is a one-row Table, as the API server sends to kubectl.
+fn watch(fake: Arc<Shared>, namespace: Option<String>, table: bool, since: u64) -> Response {
+    let (replay, live) = {
+        let inner = fake.lock();
+        let replay: Vec<Value> = inner.history.iter().filter(|ev| event_rv(ev) > since).cloned().collect();
+        (replay, fake.events.subscribe())
+    };
+    let live = BroadcastStream::new(live).filter_map(|ev| async move { ev.ok() });
+    let events = futures::stream::iter(replay).chain(live).filter_map(move |ev| {
         let namespace = namespace.clone();
         async move {
-            let ev = ev.ok()?;
+            let mut ev = ev;
             let ns = ev["object"]["metadata"]["namespace"].as_str().unwrap_or_default().to_owned();
             if namespace.as_ref().is_some_and(|n| *n != ns) {
                 return None;
+            }
+            if table {
+                let rv = ev["object"]["metadata"]["resourceVersion"].as_str().unwrap_or_default().to_owned();
+                ev["object"] = pod_table(&[ev["object"].clone()], &rv);
             }
             Some(Ok::<_, Infallible>(Bytes::from(format!("{ev}\n"))))
         }
@@ -399,7 +480,7 @@ fn store_pod(fake: &Shared, ns: &str, name: &str, mut obj: Value, event: &str) -
     }
     inner.pods.insert((ns.to_owned(), name.to_owned()), obj.clone());
     drop(inner);
-    let _ = fake.events.send(json!({"type": event, "object": obj}));
+    fake.publish(json!({"type": event, "object": obj}));
     obj
 }
 
@@ -467,7 +548,7 @@ async fn delete_pod(State(fake): St, Path((ns, name)): Path<(String, String)>) -
     let removed = fake.lock().pods.remove(&(ns.clone(), name.clone()));
     match removed {
         Some(obj) => {
-            let _ = fake.events.send(json!({"type": "DELETED", "object": obj}));
+            fake.publish(json!({"type": "DELETED", "object": obj}));
             axum::Json(obj).into_response()
         }
         None => status(StatusCode::NOT_FOUND, "NotFound", &format!("pods \"{name}\" not found")),
@@ -556,6 +637,8 @@ async fn exec(
         status.extend_from_slice(br#"{"metadata":{},"status":"Success"}"#);
         let _ = socket.send(Message::Binary(stdout.into())).await;
         let _ = socket.send(Message::Binary(status.into())).await;
-        let _ = socket.send(Message::Close(None)).await;
+        // A normal closure (1000), as the kubelet sends; kubectl treats "no status" as an error.
+        let close = axum::extract::ws::CloseFrame { code: axum::extract::ws::close_code::NORMAL, reason: "".into() };
+        let _ = socket.send(Message::Close(Some(close))).await;
     })
 }

@@ -4,6 +4,7 @@ pub mod agent;
 pub mod api;
 pub mod internal;
 pub mod rest;
+pub mod rest_serve;
 
 use std::time::Duration;
 

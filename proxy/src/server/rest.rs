@@ -462,9 +462,8 @@ pub fn router(state: RestState) -> axum::Router {
     let (json, spec) = json_routes().split_for_parts();
     let json = json.layer(TimeoutLayer::with_status_code(StatusCode::GATEWAY_TIMEOUT, config.request_timeout));
     // The Kubernetes API proxy joins the authenticated routes here, outside the timeout (it
-    // streams watches and logs):
-    //     let authenticated = json.merge(crate::modules::kubernetes_api::rest_routes());
-    let authenticated = json;
+    // streams watches and logs).
+    let authenticated = json.merge(crate::modules::kubernetes_api::rest::rest_routes());
     let authenticated = authenticated.route_layer(middleware::from_fn_with_state(state.clone(), authenticate));
     let mut app = axum::Router::new()
         .merge(authenticated)
@@ -540,7 +539,9 @@ async fn not_found(method: Method, uri: axum::http::Uri) -> Problem {
 /// errors) are left alone.
 async fn problem_for_bare_errors(response: Response) -> Response {
     let status = response.status();
-    if !(status.is_client_error() || status.is_server_error()) {
+    // The Kubernetes API server's own answers pass through untouched.
+    let proxied = response.extensions().get::<crate::modules::kubernetes_api::rest::ProxiedResponse>().is_some();
+    if proxied || !(status.is_client_error() || status.is_server_error()) {
         return response;
     }
     let bare = match response.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) {

@@ -18,6 +18,8 @@ use kas_proto::{AgentId, ConnectionId};
 use prost::Message;
 use tokio_util::task::AbortOnDropHandle;
 
+pub mod rest;
+
 use crate::error::KasError;
 use crate::router::{Router, Target};
 use crate::tunnel::{TunnelReceiver, TunnelSender, agent_error};

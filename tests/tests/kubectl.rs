@@ -1,0 +1,214 @@
+//! The real `kubectl` against kas: the cluster behind the tunnel works as if it were local, through
+//! one kas and through a second kas.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use kas_e2e::{Cluster, eventually};
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// kubectl is part of the machine image; a missing one fails the test (never skips).
+fn kubectl_binary() -> &'static str {
+    let ok =
+        std::process::Command::new("kubectl").args(["version", "--client"]).output().is_ok_and(|o| o.status.success());
+    assert!(ok, "kubectl is required: install it (e.g. the Debian/Kubernetes apt package `kubectl`)");
+    "kubectl"
+}
+
+struct Kubectl {
+    server: String,
+    token: String,
+    ca: PathBuf,
+    home: tempfile::TempDir,
+}
+
+impl Kubectl {
+    /// kubectl pointed at agent 1 through kas number `kas`, with a GitLab-style JWT.
+    fn new(c: &Cluster, kas: usize) -> Self {
+        Self {
+            server: format!("{}/api/v1/agents/1/kubernetes", c.rest_url(kas)),
+            token: c.gitlab_jwt(),
+            ca: c.rest_ca_file().expect("kubectl needs the rest listener on TLS: it sends tokens only over TLS"),
+            home: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(kubectl_binary());
+        // An empty kubeconfig and a private cache: nothing from the machine's ~/.kube leaks in.
+        let kubeconfig: PathBuf = self.home.path().join("config");
+        if !kubeconfig.exists() {
+            std::fs::write(&kubeconfig, "apiVersion: v1\nkind: Config\n").unwrap();
+        }
+        cmd.env("KUBECONFIG", &kubeconfig)
+            .env("HOME", self.home.path())
+            .arg(format!("--server={}", self.server))
+            .arg(format!("--token={}", self.token))
+            .arg(format!("--certificate-authority={}", self.ca.display()))
+            .arg(format!("--cache-dir={}", self.home.path().join("cache").display()))
+            .arg("--request-timeout=0")
+            .args(args)
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        cmd
+    }
+
+    async fn run(&self, args: &[&str]) -> String {
+        let out = tokio::time::timeout(Duration::from_secs(60), self.command(args).output())
+            .await
+            .unwrap_or_else(|_| panic!("kubectl {args:?} timed out"))
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "kubectl {args:?} failed ({}):\nstdout: {}\nstderr: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// A long-running kubectl (watch, logs -f) whose stdout is read line by line.
+    fn spawn(&self, args: &[&str]) -> (Child, tokio::io::Lines<BufReader<tokio::process::ChildStdout>>) {
+        let log = std::fs::File::create(self.home.path().join("kubectl-stderr.log")).unwrap();
+        let mut child = self.command(args).stdout(Stdio::piped()).stderr(log).spawn().unwrap();
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        (child, lines)
+    }
+}
+
+async fn next_line_containing(
+    lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    what: &str,
+) -> String {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let line = lines.next_line().await.unwrap().unwrap_or_else(|| panic!("kubectl ended before {what:?}"));
+            if line.contains(what) {
+                return line;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no line containing {what:?} within 30s"))
+}
+
+/// Every scenario, through kas number `via` (the agent is connected to kas 0).
+async fn scenarios(c: &Cluster, via: usize) {
+    let k = Kubectl::new(c, via);
+    c.kube.add_pod("default", "web-1");
+    c.kube.add_pod("kube-system", "dns-1");
+
+    // get pods -A
+    let out = k.run(&["get", "pods", "-A"]).await;
+    assert!(out.contains("web-1") && out.contains("dns-1") && out.contains("kube-system"), "{out}");
+
+    // get pods -w: an event after a change on the server arrives while the watch runs.
+    let (mut watch, mut lines) = k.spawn(&["get", "pods", "-w", "-n", "default"]);
+    next_line_containing(&mut lines, "web-1").await;
+    c.kube.add_pod("default", "added-later");
+    next_line_containing(&mut lines, "added-later").await;
+    watch.kill().await.unwrap();
+
+    // logs -f: lines appended on the server appear as they come; stopping kubectl stops the
+    // API server's stream (cancellation goes all the way).
+    c.kube.append_log("default", "web-1", "line one");
+    let (mut logs, mut lines) = k.spawn(&["logs", "-f", "web-1", "-n", "default"]);
+    next_line_containing(&mut lines, "line one").await;
+    c.kube.append_log("default", "web-1", "line two");
+    next_line_containing(&mut lines, "line two").await;
+    logs.kill().await.unwrap();
+    let kube = c.kube.clone();
+    eventually!(kube.log_followers() == 0, "the API server's log stream ended after kubectl stopped");
+
+    // exec through a protocol upgrade (WebSocket remote command).
+    let out = k.run(&["exec", "web-1", "-n", "default", "--", "echo", "hi", "there"]).await;
+    assert_eq!(out, "hi there\n");
+
+    // apply -f: POST then PATCH, bodies intact.
+    let manifest = k.home.path().join("pod.yaml");
+    let pod = |label: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: applied\n  namespace: default\n  labels:\n    tier: {label}\nspec:\n  containers:\n  - name: c\n    image: busybox\n"
+        )
+    };
+    std::fs::write(&manifest, pod("one")).unwrap();
+    let before = c.kube.bodies().len();
+    k.run(&["apply", "--validate=false", "-f", manifest.to_str().unwrap()]).await;
+    std::fs::write(&manifest, pod("two")).unwrap();
+    k.run(&["apply", "--validate=false", "-f", manifest.to_str().unwrap()]).await;
+    let bodies = c.kube.bodies()[before..].to_vec();
+    let post = bodies.iter().find(|b| b.method == "POST").expect("create");
+    let created: serde_json::Value = serde_json::from_slice(&post.body).unwrap();
+    assert_eq!(created["metadata"]["name"], "applied");
+    assert_eq!(created["metadata"]["labels"]["tier"], "one");
+    let patch = bodies.iter().find(|b| b.method == "PATCH").expect("patch");
+    assert!(patch.content_type.contains("patch"), "{}", patch.content_type);
+    let patch_body: serde_json::Value = serde_json::from_slice(&patch.body).unwrap();
+    assert_eq!(patch_body["metadata"]["labels"]["tier"], "two", "{patch_body}");
+    assert_eq!(c.kube.pod("default", "applied").unwrap()["metadata"]["labels"]["tier"], "two");
+}
+
+async fn big_response_arrives_intact(c: &Cluster, via: usize) {
+    const SIZE: u64 = 50 * 1024 * 1024;
+    c.kube.add_pod("default", "big");
+    c.kube.add_big_log("default", "big", SIZE);
+    let k = Kubectl::new(c, via);
+    let mut child = k.command(&["logs", "big", "-n", "default"]).stdout(Stdio::piped()).spawn().unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    // Hash while reading: the test itself holds none of it either.
+    let mut hasher = Sha256::new();
+    let mut total = 0u64;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = tokio::io::AsyncReadExt::read(&mut stdout, &mut buf).await.unwrap();
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        total += n as u64;
+    }
+    assert!(child.wait().await.unwrap().success());
+    let mut expected = Sha256::new();
+    for chunk in kas_e2e::fake_kube::big_log_chunks(SIZE) {
+        expected.update(&chunk);
+    }
+    assert_eq!(total, SIZE);
+    assert_eq!(hasher.finalize(), expected.finalize(), "50 MiB body changed on the way");
+}
+
+#[tokio::test]
+async fn kubectl_through_one_kas() {
+    let c = Cluster::builder().rest_tls().start().await;
+    let _a = c.start_agentk(1, 0, "agentk-0").await;
+    scenarios(&c, 0).await;
+    big_response_arrives_intact(&c, 0).await;
+}
+
+#[tokio::test]
+async fn kubectl_through_a_second_kas() {
+    let c = Cluster::builder().redis().rest_tls().kas(2).start().await;
+    let _a = c.start_agentk(1, 0, "agentk-0").await;
+    scenarios(&c, 1).await;
+    big_response_arrives_intact(&c, 1).await;
+}
+
+#[tokio::test]
+async fn kubectl_gets_a_clear_error_when_the_agent_is_not_connected() {
+    let c = Cluster::builder().rest_tls().max_wait(Duration::from_millis(300)).start().await;
+    let k = Kubectl::new(&c, 0);
+    // kubectl's discovery prints a canned text for any 503; a direct request shows kas's Status.
+    // (--raw takes a path from the host root, not from --server's path.)
+    let out = k
+        .command(&["get", "--raw", "/api/v1/agents/1/kubernetes/api/v1/namespaces/default/pods"])
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("agent 1 is not connected"), "{stderr}");
+}
