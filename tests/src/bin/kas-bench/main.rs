@@ -4,6 +4,10 @@
 //! - routing: GetPods latency through a local tunnel vs through a second kas (interleaved).
 //! - wake-up: a request waiting on kas A is served when the agent connects to kas B.
 //! - refresh: Redis round trips (and time) per registry refresh with 1, 100, 10,000 connections.
+//! - proxy: the Kubernetes API proxy vs direct access and nginx (needs `cargo build --release
+//!   --bins` for the kas and agentk processes).
+
+mod proxy;
 
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
@@ -14,7 +18,7 @@ use kas::registry::{AgentRegistry, RegistryTiming};
 use kas_e2e::{Cluster, RedisServer, eventually};
 use kas_proto::kas::{ConnectedAgentsByIdRequest, GetPodsRequest};
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
+pub(crate) fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
     }
@@ -22,7 +26,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[idx.min(sorted.len() - 1)]
 }
 
-fn ms(d: Duration) -> String {
+pub(crate) fn ms(d: Duration) -> String {
     format!("{:.3}", d.as_secs_f64() * 1000.0)
 }
 
@@ -30,10 +34,11 @@ struct Args {
     trials: usize,
     requests: usize,
     out: Option<std::path::PathBuf>,
+    sections: Vec<String>,
 }
 
 fn args() -> Args {
-    let mut a = Args { trials: 100, requests: 2000, out: None };
+    let mut a = Args { trials: 100, requests: 2000, out: None, sections: vec!["routing".into(), "proxy".into()] };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
@@ -41,7 +46,10 @@ fn args() -> Args {
             "--trials" => a.trials = value().parse().expect("--trials N"),
             "--requests" => a.requests = value().parse().expect("--requests N"),
             "--out" => a.out = Some(value().into()),
-            other => panic!("unknown flag {other} (use --trials N, --requests N, --out FILE)"),
+            "--sections" => a.sections = value().split(',').map(str::to_owned).collect(),
+            other => {
+                panic!("unknown flag {other} (use --trials N, --requests N, --sections routing,proxy, --out FILE)")
+            }
         }
     }
     a
@@ -177,20 +185,31 @@ async fn main() {
         .unwrap_or_default();
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
     let mut report = String::new();
+    let redis_version = std::process::Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).split_whitespace().nth(2).unwrap_or_default().to_owned())
+        .unwrap_or_default();
+    let date = std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
     let _ = writeln!(
         report,
-        "## Routing across kas (issue 3)\n\nRun: `cargo run --release -p kas-e2e --bin kas-bench` · commit `{commit}` · \
-         {cpus} CPUs · loopback, unix-socket Redis {}\n",
-        std::process::Command::new("redis-server")
-            .arg("--version")
-            .output()
-            .ok()
-            .map(|o| String::from_utf8_lossy(&o.stdout).split_whitespace().nth(2).unwrap_or_default().to_owned())
-            .unwrap_or_default()
+        "Run: `cargo build --release --bins && ./target/release/kas-bench` · {date} · commit `{commit}` · {cpus} \
+         CPUs (shared machine) · loopback · redis-server {redis_version} on a unix socket\n"
     );
-    routing(a.requests, &mut report).await;
-    wake_up(a.trials, &mut report).await;
-    refresh(&mut report).await;
+    if a.sections.iter().any(|s| s == "routing") {
+        let _ = writeln!(report, "## Routing across kas (issue 3)\n");
+        routing(a.requests, &mut report).await;
+        wake_up(a.trials, &mut report).await;
+        refresh(&mut report).await;
+    }
+    if a.sections.iter().any(|s| s == "proxy") {
+        proxy::run(&mut report).await;
+    }
     print!("{report}");
     if let Some(out) = a.out {
         std::fs::write(&out, &report).expect("write report");
