@@ -361,9 +361,12 @@ async fn get_pods_handler(
 ///
 /// The rest of the path, the query, the method and the body go to the cluster's Kubernetes API
 /// (through agentk, with agentk's service account). The API server's responses (including
-/// errors, as Kubernetes `Status` objects) pass through unchanged; watches and logs stream.
-/// Errors of kas itself are problem+json. In Swagger UI, the `path` parameter's slashes are
-/// percent-encoded; use curl or kubectl for real calls.
+/// errors, as Kubernetes `Status` objects) pass through unchanged; watches and logs stream, and
+/// protocol upgrades (kubectl exec, attach, port-forward) are carried through. Errors of kas itself
+/// on this path are Kubernetes `Status` objects too (so kubectl prints their message), except a
+/// bad JWT (problem+json, from the listener's authentication). kubectl sends its token only over
+/// TLS: give the rest listener `tls` for kubectl. In Swagger UI, the `path` parameter's slashes
+/// are percent-encoded; use curl or kubectl for real calls.
 #[utoipa::path(
     method(get, post, put, patch, delete),
     path = "/api/v1/agents/{agent_id}/kubernetes/{path}",
@@ -376,15 +379,35 @@ async fn get_pods_handler(
     security(("bearer" = [])),
     responses(
         (status = "default", description = "The Kubernetes API server's own response, passed through"),
-        (status = 400, description = "Bad agent id or request", body = Problem, content_type = PROBLEM_JSON),
+        (status = 400, description = "Bad agent id or request", body = KubernetesStatus),
         (status = 401, description = "Missing or invalid JWT", body = Problem, content_type = PROBLEM_JSON),
-        (status = 502, description = "agentk or the Kubernetes API server failed", body = Problem, content_type = PROBLEM_JSON),
-        (status = 503, description = "The agent is not connected within routing.max_wait", body = Problem, content_type = PROBLEM_JSON),
-        (status = 504, description = "The caller's deadline passed while waiting for the agent", body = Problem, content_type = PROBLEM_JSON),
+        (status = 502, description = "agentk or the Kubernetes API server failed", body = KubernetesStatus),
+        (status = 503, description = "The agent is not connected within routing.max_wait", body = KubernetesStatus),
+        (status = 504, description = "The caller's deadline passed while waiting for the agent", body = KubernetesStatus),
     )
 )]
 #[allow(dead_code)] // documentation only: the handler lives in modules::kubernetes_api
 fn kubernetes_api_proxy() {}
+
+/// A Kubernetes `Status` (`v1`): kas's own errors on the Kubernetes API proxy path, shaped as the
+/// API server's, so kubectl and client libraries show the message.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(dead_code)] // documentation only: built as JSON in modules::kubernetes_api::rest
+pub struct KubernetesStatus {
+    /// Always `Status`.
+    pub kind: String,
+    /// Always `v1`.
+    pub api_version: String,
+    /// Always `Failure`.
+    pub status: String,
+    /// What went wrong, e.g. "agent 1 is not connected (waited 20s for it to connect)".
+    pub message: String,
+    /// `BadRequest`, `ServiceUnavailable`, `Timeout` or `InternalError`.
+    pub reason: String,
+    /// The HTTP status code.
+    pub code: u16,
+}
 
 /// The whitelisted caller headers (`FORWARDED_METADATA`) as tunnel metadata for agentk.
 pub fn forwarded_metadata(headers: &HeaderMap) -> HashMap<String, MetadataValues> {
