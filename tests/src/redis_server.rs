@@ -3,7 +3,7 @@
 //! Redis restarts.
 #![allow(clippy::unwrap_used)] // test support: a failed unwrap is a failed test
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 
 use tokio::process::{Child, Command};
@@ -11,6 +11,8 @@ use tokio::process::{Child, Command};
 pub struct RedisServer {
     dir: tempfile::TempDir,
     child: Option<Child>,
+    extra_args: Vec<String>,
+    password: Option<String>,
 }
 
 /// Fails (never skips) when redis-server is missing, with how to install it.
@@ -22,8 +24,14 @@ fn redis_server_binary() -> &'static str {
 
 impl RedisServer {
     pub async fn start() -> Self {
+        Self::start_with_password(None).await
+    }
+
+    /// A server that requires this password (`requirepass`) from every client.
+    pub async fn start_with_password(password: Option<&str>) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut server = Self { dir, child: None };
+        let extra_args = password.map(|p| vec!["--requirepass".to_owned(), p.to_owned()]).unwrap_or_default();
+        let mut server = Self { dir, child: None, extra_args, password: password.map(str::to_owned) };
         server.start_again().await;
         server
     }
@@ -51,13 +59,14 @@ impl RedisServer {
             .arg(&socket)
             .args(["--unixsocketperm", "700", "--save", "", "--appendonly", "no", "--dir"])
             .arg(self.dir.path())
+            .args(&self.extra_args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .kill_on_drop(true)
             .spawn()
             .expect("spawn redis-server");
         self.child = Some(child);
-        wait_until_answering(&socket).await;
+        wait_until_answering(&self.client_url()).await;
     }
 
     /// Kills the server (as a crash would) and waits until it is gone.
@@ -67,24 +76,30 @@ impl RedisServer {
         }
     }
 
+    /// The URL with the password, for the harness's own connections.
+    fn client_url(&self) -> String {
+        match &self.password {
+            Some(p) => format!("redis+unix://{}?pass={p}", self.socket().display()),
+            None => self.url(),
+        }
+    }
+
     /// A raw command through redis-cli semantics, for assertions (e.g. KEYS).
     pub async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> T {
-        let client = redis::Client::open(self.url()).unwrap();
+        let client = redis::Client::open(self.client_url()).unwrap();
         let mut conn = client.get_multiplexed_async_connection().await.unwrap();
         cmd.query_async(&mut conn).await.unwrap()
     }
 }
 
-async fn wait_until_answering(socket: &Path) {
-    let url = format!("unix://{}", socket.display());
+async fn wait_until_answering(url: &str) {
     crate::eventually!(
         async {
-            let Ok(client) = redis::Client::open(url.as_str()) else { return false };
+            let Ok(client) = redis::Client::open(url) else { return false };
             let Ok(mut conn) = client.get_multiplexed_async_connection().await else { return false };
             redis::cmd("PING").query_async::<String>(&mut conn).await.is_ok()
         }
         .await,
-        "redis-server answering on {}",
-        socket.display()
+        "redis-server answering on {url}"
     );
 }

@@ -73,3 +73,35 @@ async fn kas_starts_and_serves_while_redis_is_down_then_catches_up() {
     r.heartbeat().await.unwrap();
     assert_eq!(r.connections_by_agent_id(kas_proto::AgentId(1)).await.unwrap().len(), 1);
 }
+
+#[tokio::test]
+async fn password_from_a_file_authenticates_and_a_wrong_one_is_a_clear_error() {
+    let server = RedisServer::start_with_password(Some("s3cret-pass")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let timing =
+        RegistryTiming { ttl: std::time::Duration::from_secs(60), heartbeat_ttl: std::time::Duration::from_secs(60) };
+    let with_password = |password: &str| {
+        let file = dir.path().join(format!("password-{}", password.len()));
+        std::fs::write(&file, format!("{password}\n")).unwrap();
+        let mut config = RedisConfig::new(server.url());
+        config.password_file = Some(file);
+        RedisRegistry::new(&config, conformance::instance_info(), timing).unwrap()
+    };
+    let good = with_password("s3cret-pass");
+    good.register(conformance::record(1, 10, 100)).await.unwrap();
+    good.heartbeat().await.unwrap();
+    assert_eq!(good.connections_by_agent_id(kas_proto::AgentId(1)).await.unwrap().len(), 1);
+
+    let bad = with_password("wrong");
+    let err = bad.ping().await.unwrap_err().to_string();
+    assert!(err.contains("redis"), "{err}");
+    assert!(!err.contains("wrong"), "the password must not appear in errors: {err}");
+    // Without a password at all.
+    let none = registry(&server.url(), "none", timing);
+    assert!(none.ping().await.is_err());
+    // A missing password file fails at startup, naming the file.
+    let mut config = RedisConfig::new(server.url());
+    config.password_file = Some(dir.path().join("missing"));
+    let err = RedisRegistry::new(&config, conformance::instance_info(), timing).unwrap_err().to_string();
+    assert!(err.contains("redis password file") && err.contains("missing"), "{err}");
+}
