@@ -1,5 +1,6 @@
-//! The tunnel pool of one kas connection: keeps `min_idle` idle tunnels open (at most `max`
-//! in total) and replaces a tunnel as soon as it takes a request, off the request's path.
+//! The tunnel pool of one kas connection: keeps idle tunnels open (at least `min_idle`, more
+//! under load, see `IdleTarget`; at most `max` in total) and replaces a tunnel as soon as it
+//! takes a request, off the request's path.
 //! The pool task alone owns the counts; tunnel tasks report to it over a channel.
 
 use std::collections::HashMap;
@@ -22,6 +23,47 @@ use crate::tunnel;
 
 /// Frames buffered towards kas per tunnel; HTTP/2 flow control does the rest.
 const TUNNEL_SEND_BUFFER: usize = 16;
+/// The idle target grows under load up to this (and never past half of the tunnel maximum).
+const IDLE_GROWTH_CAP: usize = 64;
+/// After this long without running out of idle tunnels, the idle target halves again.
+const IDLE_QUIET_PERIOD: Duration = Duration::from_secs(30);
+
+/// How many idle tunnels to keep. One tunnel carries one request, so a burst of concurrent
+/// requests drains a small pool and each request then waits for a tunnel to open. The target
+/// follows the concurrency seen: at least as many idle tunnels as are in use (capped), and it
+/// halves back towards `min_idle` after a quiet period, so quiet agents hold few streams.
+#[derive(Debug, Clone)]
+struct IdleTarget {
+    min: usize,
+    cap: usize,
+    current: usize,
+    changed_at: tokio::time::Instant,
+}
+
+impl IdleTarget {
+    fn new(min: usize, max_tunnels: usize) -> Self {
+        let cap = IDLE_GROWTH_CAP.min(max_tunnels / 2).max(min);
+        Self { min, cap, current: min, changed_at: tokio::time::Instant::now() }
+    }
+
+    /// A tunnel got a request; `in_use` tunnels are now serving requests.
+    fn on_busy(&mut self, in_use: usize) {
+        let wanted = in_use.min(self.cap);
+        if wanted > self.current {
+            self.current = wanted;
+            self.changed_at = tokio::time::Instant::now();
+        }
+    }
+
+    fn get(&mut self) -> usize {
+        let now = tokio::time::Instant::now();
+        while self.current > self.min && now.duration_since(self.changed_at) >= IDLE_QUIET_PERIOD {
+            self.current = (self.current / 2).max(self.min);
+            self.changed_at += IDLE_QUIET_PERIOD;
+        }
+        self.current
+    }
+}
 
 #[derive(Clone)]
 pub struct PoolContext {
@@ -63,10 +105,12 @@ pub async fn run(ctx: PoolContext) {
     // Opening failures back off so a kas that rejects tunnels is not hammered.
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
     let mut retry_at: Option<tokio::time::Instant> = None;
+    let mut target = IdleTarget::new(ctx.min_idle, ctx.max);
     loop {
         if retry_at.is_none_or(|t| t <= tokio::time::Instant::now()) {
             retry_at = None;
-            while idle < ctx.min_idle && idle + in_use < ctx.max {
+            let want = target.get();
+            while idle < want && idle + in_use < ctx.max {
                 idle += 1;
                 spawn_tunnel(ctx.clone(), events_tx.clone());
             }
@@ -80,6 +124,7 @@ pub async fn run(ctx: PoolContext) {
                 Some(Event::Busy) => {
                     idle = idle.saturating_sub(1);
                     in_use += 1;
+                    target.on_busy(in_use);
                     backoff.reset();
                 }
                 Some(Event::EndedIdle { failed }) => {
@@ -184,4 +229,29 @@ async fn open_and_serve(ctx: &PoolContext, events: &mpsc::UnboundedSender<Event>
         })
         .await;
     Event::EndedBusy
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_target_grows_under_load_and_shrinks_when_quiet() {
+        let mut t = IdleTarget::new(2, 500);
+        assert_eq!(t.get(), 2);
+        t.on_busy(1); // below the minimum: no change
+        assert_eq!(t.get(), 2);
+        for (in_use, expected) in [(5, 5), (16, 16), (3, 16), (200, 64)] {
+            t.on_busy(in_use);
+            assert_eq!(t.get(), expected, "in use {in_use}");
+        }
+        tokio::time::advance(IDLE_QUIET_PERIOD).await;
+        assert_eq!(t.get(), 32);
+        tokio::time::advance(IDLE_QUIET_PERIOD * 10).await;
+        assert_eq!(t.get(), 2);
+        // A small maximum caps growth at half of it, never below the minimum.
+        let mut small = IdleTarget::new(2, 6);
+        small.on_busy(6);
+        assert_eq!(small.get(), 3);
+    }
 }

@@ -191,6 +191,11 @@ pub async fn run(report: &mut String) {
             .arg(format!("--token-file={}", dev.agent_token_file.display()))
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
             .args(["--observability-address=127.0.0.1:0", "--log=warn"])
+            .args(
+                std::env::var("BENCH_AGENTK_ARGS")
+                    .map(|a| a.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+                    .unwrap_or_default(),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
