@@ -38,6 +38,32 @@ pub struct RecordedBody {
     pub body: Bytes,
 }
 
+/// Reads to the end without keeping the content: (length, SHA-256).
+pub async fn length_and_sha256(mut reader: impl tokio::io::AsyncRead + Unpin) -> (u64, [u8; 32]) {
+    use sha2::Digest;
+    let mut hasher = sha2::Sha256::new();
+    let mut total = 0u64;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = tokio::io::AsyncReadExt::read(&mut reader, &mut buf).await.expect("read");
+        if n == 0 {
+            return (total, hasher.finalize().into());
+        }
+        hasher.update(&buf[..n]);
+        total += n as u64;
+    }
+}
+
+/// The SHA-256 of the generated log of `size` bytes ([`big_log_chunks`]).
+pub fn big_log_sha256(size: u64) -> [u8; 32] {
+    use sha2::Digest;
+    let mut hasher = sha2::Sha256::new();
+    for chunk in big_log_chunks(size) {
+        hasher.update(&chunk);
+    }
+    hasher.finalize().into()
+}
+
 /// The deterministic content of a generated log of `size` bytes (see [`FakeKube::add_big_log`]).
 pub fn big_log_chunks(size: u64) -> impl Iterator<Item = Bytes> {
     const LINES_PER_CHUNK: u64 = 1000;

@@ -7,7 +7,6 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use kas_e2e::{Cluster, eventually};
-use sha2::{Digest, Sha256};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -159,26 +158,11 @@ async fn big_response_arrives_intact(c: &Cluster, via: usize) {
     c.kube.add_big_log("default", "big", SIZE);
     let k = Kubectl::new(c, via);
     let mut child = k.command(&["logs", "big", "-n", "default"]).stdout(Stdio::piped()).spawn().unwrap();
-    let mut stdout = child.stdout.take().unwrap();
-    // Hash while reading: the test itself holds none of it either.
-    let mut hasher = Sha256::new();
-    let mut total = 0u64;
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = tokio::io::AsyncReadExt::read(&mut stdout, &mut buf).await.unwrap();
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-        total += n as u64;
-    }
+    // Hashed while reading: the test holds none of it either.
+    let (total, digest) = kas_e2e::fake_kube::length_and_sha256(child.stdout.take().unwrap()).await;
     assert!(child.wait().await.unwrap().success());
-    let mut expected = Sha256::new();
-    for chunk in kas_e2e::fake_kube::big_log_chunks(SIZE) {
-        expected.update(&chunk);
-    }
     assert_eq!(total, SIZE);
-    assert_eq!(hasher.finalize(), expected.finalize(), "50 MiB body changed on the way");
+    assert_eq!(digest, kas_e2e::fake_kube::big_log_sha256(SIZE), "50 MiB body changed on the way");
 }
 
 #[tokio::test]

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use kas_e2e::FakeKube;
 use kas_e2e::process::{start_agentk, start_kas_with_config};
-use sha2::{Digest, Sha256};
 
 const SIZE: u64 = 50 * 1024 * 1024;
 /// Far below the body size: a process that buffered the body would exceed it. (Measured here:
@@ -67,25 +66,10 @@ async fn a_50_mib_response_streams_through_kas_and_agentk_processes_with_bounded
         .kill_on_drop(true)
         .spawn()
         .expect("kubectl is required (part of the machine image)");
-    let mut stdout = kubectl.stdout.take().unwrap();
-    let mut hasher = Sha256::new();
-    let mut total = 0u64;
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = tokio::io::AsyncReadExt::read(&mut stdout, &mut buf).await.unwrap();
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-        total += n as u64;
-    }
+    let (total, digest) = kas_e2e::fake_kube::length_and_sha256(kubectl.stdout.take().unwrap()).await;
     assert!(kubectl.wait().await.unwrap().success());
-    let mut expected = Sha256::new();
-    for chunk in kas_e2e::fake_kube::big_log_chunks(SIZE) {
-        expected.update(&chunk);
-    }
     assert_eq!(total, SIZE);
-    assert_eq!(hasher.finalize(), expected.finalize(), "the body changed on the way");
+    assert_eq!(digest, kas_e2e::fake_kube::big_log_sha256(SIZE), "the body changed on the way");
 
     let (kas_peak, agentk_peak) = (peak_rss_mib(kas.process.pid()), peak_rss_mib(agentk.pid()));
     eprintln!("peak RSS after 50 MiB: kas {kas_peak:.1} MiB, agentk {agentk_peak:.1} MiB");
