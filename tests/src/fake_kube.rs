@@ -99,6 +99,9 @@ struct Inner {
     logs: BTreeMap<(String, String), Vec<String>>,
     /// (namespace, pod) -> size of a generated log
     big_logs: BTreeMap<(String, String), u64>,
+    /// (namespace, pod) -> bytes sent before the log stream breaks (an API server failing
+    /// mid-response)
+    broken_logs: BTreeMap<(String, String), u64>,
     /// Live log followers (cancelled when the client goes away).
     log_followers: usize,
     /// Every watch event, so a watch from a resourceVersion replays what it missed (as the API
@@ -227,6 +230,11 @@ impl FakeKube {
     /// the fly so the fake holds none of it in memory.
     pub fn add_big_log(&self, namespace: &str, pod: &str, size: u64) {
         self.lock().big_logs.insert((namespace.to_owned(), pod.to_owned()), size);
+    }
+
+    /// Makes a pod's log send `bytes` bytes and then fail (the connection is cut mid-body).
+    pub fn add_broken_log(&self, namespace: &str, pod: &str, bytes: u64) {
+        self.lock().broken_logs.insert((namespace.to_owned(), pod.to_owned()), bytes);
     }
 
     /// Clients currently following a log.
@@ -602,6 +610,17 @@ async fn pod_log(
             .body(b)
             .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
     };
+    let broken = fake.lock().broken_logs.get(&key).copied();
+    if let Some(bytes) = broken {
+        let head = futures::stream::iter(big_log_chunks(bytes).map(Ok::<_, std::io::Error>));
+        // The failure comes a moment later, as a real one would: what was sent is on the wire
+        // (an immediate failure would make hyper drop the unflushed head too).
+        let failure = futures::stream::once(async {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            Err(std::io::Error::other("the API server failed mid-response"))
+        });
+        return text(Body::from_stream(head.chain(failure)));
+    }
     let big = fake.lock().big_logs.get(&key).copied();
     if let Some(size) = big {
         let chunks = futures::stream::iter(big_log_chunks(size).map(Ok::<_, Infallible>));

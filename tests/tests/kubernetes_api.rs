@@ -220,3 +220,41 @@ async fn unreachable_api_server_is_an_error_before_the_head() {
     assert_eq!(err.code(), Code::Unavailable, "{err:?}");
     assert!(err.message().contains("Kubernetes API unreachable"), "{}", err.message());
 }
+
+#[tokio::test]
+async fn a_failure_after_the_head_aborts_the_response_instead_of_a_second_status() {
+    let c = Cluster::builder().start().await;
+    c.kube.add_pod("default", "flaky");
+    c.kube.add_broken_log("default", "flaky", 100_000);
+    let _a = c.start_agentk(1, 0, "agentk-0").await;
+
+    // gRPC: the head, some body, then the stream ends with an error status (no trailer).
+    let mut ex = Exchange::open(&c, 0, 1, head("GET", "/api/v1/namespaces/default/pods/flaky/log", &[])).await.unwrap();
+    assert_eq!(ex.status().await, 200);
+    let mut received = 0usize;
+    let err = loop {
+        match ex.frames.message().await {
+            Ok(Some(f)) => match f.frame {
+                Some(http_frame::Frame::Body(b)) => received += b.len(),
+                other => panic!("unexpected frame {other:?}"),
+            },
+            Ok(None) => panic!("the response ended cleanly after {received} bytes; it must fail"),
+            Err(status) => break status,
+        }
+    };
+    assert!(received <= 100_000, "{received}");
+    assert!(err.message().contains("Kubernetes API response failed"), "{}", err.message());
+
+    // REST: status 200 was sent, then the body is cut: the client sees an error, not a status.
+    let url = format!("{}/api/v1/agents/1/kubernetes/api/v1/namespaces/default/pods/flaky/log", c.rest_url(0));
+    let mut resp = reqwest::Client::new().get(&url).bearer_auth(c.gitlab_jwt()).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let outcome = loop {
+        match resp.chunk().await {
+            Ok(Some(_)) => continue,
+            Ok(None) => break Ok(()),
+            Err(e) => break Err(e),
+        }
+    };
+    assert!(outcome.is_err(), "the REST response must be aborted, not completed");
+}
