@@ -42,6 +42,8 @@ pub enum AppError {
     Secret(#[from] crate::auth::secret::SecretError),
     #[error(transparent)]
     Agents(#[from] crate::auth::agent_token::StaticAgentsError),
+    #[error(transparent)]
+    Gitlab(#[from] crate::auth::gitlab::GitlabSetupError),
     #[error("cannot bind the {listener} listener on {address}: {source}")]
     Bind { listener: &'static str, address: SocketAddr, source: std::io::Error },
     #[error("the {listener} listener failed: {source}")]
@@ -69,10 +71,12 @@ pub struct Bound {
     api: TcpListener,
     internal: TcpListener,
     rest: TcpListener,
+    observability: TcpListener,
     addresses: Addresses,
     gitlab_secret: Secret,
     internal_secret: Secret,
     agents: Arc<StaticAgents>,
+    verifier: Arc<dyn TokenVerifier>,
     registry: Arc<dyn AgentRegistry>,
     tunnels_handle: Arc<std::sync::OnceLock<TunnelRegistry>>,
     tls: ListenerTls,
@@ -112,6 +116,7 @@ pub struct Addresses {
     pub internal: SocketAddr,
     /// The REST gateway (plaintext HTTP).
     pub rest: SocketAddr,
+    pub observability: SocketAddr,
 }
 
 /// Read-only access to a serving kas, for tests and health checks.
@@ -151,7 +156,18 @@ impl App {
         let required = |p: &Option<std::path::PathBuf>| p.clone().unwrap_or_default();
         let gitlab_secret = Secret::from_file(&required(&config.gitlab.authentication_secret_file))?;
         let internal_secret = Secret::from_file(&required(&config.kas_internal.authentication_secret_file))?;
-        let agents = Arc::new(StaticAgents::from_file(&required(&config.agents.static_file))?);
+        // GitLab mode: GitLab verifies agent tokens; the static file (optional then) only
+        // supplies agent configurations by agent id.
+        let agents = Arc::new(match &config.agents.static_file {
+            Some(path) => StaticAgents::from_file(path)?,
+            None => StaticAgents::new(Default::default()),
+        });
+        let verifier: Arc<dyn TokenVerifier> = match &config.gitlab.address {
+            Some(address) => {
+                Arc::new(crate::auth::GitlabVerifier::new(&config.gitlab, address, gitlab_secret.clone())?)
+            }
+            None => agents.clone(),
+        };
         let tls = ListenerTls {
             agent: load_tls("agent", &config.listeners.agent)?,
             api: load_tls("api", &config.listeners.api)?,
@@ -171,6 +187,7 @@ impl App {
         let api = bind("api", Config::listener_address(&config.listeners.api)).await?;
         let internal = bind("internal", Config::listener_address(&config.listeners.internal)).await?;
         let rest = bind("rest", Config::listener_address(&config.listeners.rest)).await?;
+        let observability = bind("observability", Config::listener_address(&config.listeners.observability)).await?;
         let local = |l: &TcpListener, name: &'static str| {
             l.local_addr().map_err(|source| AppError::Bind {
                 listener: name,
@@ -183,6 +200,7 @@ impl App {
             api: local(&api, "api")?,
             internal: local(&internal, "internal")?,
             rest: local(&rest, "rest")?,
+            observability: local(&observability, "observability")?,
         };
         // Peers reach this kas at the internal listener's actually bound port.
         let advertised_ip = config.kas_internal.advertise_ip.unwrap_or(addresses.internal.ip());
@@ -212,10 +230,12 @@ impl App {
             api,
             internal,
             rest,
+            observability,
             addresses,
             gitlab_secret,
             internal_secret,
             agents,
+            verifier,
             registry,
             tunnels_handle: Arc::default(),
             tls,
@@ -248,10 +268,12 @@ impl Bound {
             api,
             internal,
             rest,
+            observability,
             addresses,
             gitlab_secret,
             internal_secret,
             agents,
+            verifier,
             registry,
             tunnels_handle,
             tls,
@@ -260,18 +282,20 @@ impl Bound {
         let background = CancellationToken::new();
         let tunnels = TunnelRegistry::spawn(background.clone());
         let _ = tunnels_handle.set(tunnels.clone());
+        // Installed before anything is recorded (metrics recorded without a recorder are lost).
+        crate::metrics::handle();
         let peers = Arc::new(Peers::new(internal_secret.clone()));
         let router = Router::new(tunnels.clone(), registry.clone(), peers, config.routing.max_wait);
         // Alive before the first agent registers, so peers do not ignore its records.
         if let Err(e) = registry.heartbeat().await {
             tracing::warn!(error = %e, "first registry heartbeat failed; retrying periodically");
         }
-        let verifier: Arc<dyn TokenVerifier> = agents.clone();
         let configurations: Arc<dyn ConfigurationSource> = agents;
 
         let agent_service = AgentService {
             verifier,
             configurations,
+            configuration_poll_period: config.agents.configuration_poll_period,
             registry: registry.clone(),
             tunnels: tunnels.clone(),
             shutdown: shutdown.clone(),
@@ -303,6 +327,20 @@ impl Bound {
         // in-flight requests finish (bounded by the grace period below).
         let rest_shutdown = shutdown.clone();
         let rest_tls = tls.rest;
+        // Up until kas has stopped: probes and scrapes work during the drain.
+        let stop_observability = CancellationToken::new();
+        let observability_task = tokio::spawn(
+            axum::serve(
+                observability,
+                crate::server::observability::router(crate::server::observability::ObservabilityState {
+                    tunnels: tunnels.clone(),
+                    registry: registry.clone(),
+                    registry_required: config.registry.redis.is_some(),
+                }),
+            )
+            .with_graceful_shutdown(stop_observability.clone().cancelled_owned())
+            .into_future(),
+        );
         let mut rest_task = tokio::spawn(async move {
             crate::server::rest_serve::serve(rest, rest_tls, rest::router(rest_state), rest_shutdown).await;
             Ok(())
@@ -323,6 +361,7 @@ impl Bound {
             api = %addresses.api,
             internal = %addresses.internal,
             rest = %addresses.rest,
+            observability = %addresses.observability,
             kas = %registry.instance().instance_id,
             version = crate::VERSION,
             "kas listening"
@@ -354,6 +393,8 @@ impl Bound {
         if let Err(e) = registry.remove_all_owned().await {
             tracing::warn!(error = %e, "removing registry records on shutdown failed");
         }
+        stop_observability.cancel();
+        let _ = observability_task.await;
         tracing::info!("kas stopped");
         match early {
             Some(Ok(Err(e))) => Err(e),

@@ -14,6 +14,8 @@ pub const DEFAULT_AGENT_ADDRESS: &str = "127.0.0.1:8150";
 pub const DEFAULT_API_ADDRESS: &str = "127.0.0.1:8153";
 pub const DEFAULT_INTERNAL_ADDRESS: &str = "127.0.0.1:8155";
 pub const DEFAULT_REST_ADDRESS: &str = "127.0.0.1:8154";
+/// Metrics and health: loopback by default, since it has no authentication.
+pub const DEFAULT_OBSERVABILITY_ADDRESS: &str = "127.0.0.1:8151";
 /// JSON routes of the rest listener answer 504 after this long (longer than routing.max_wait, so
 /// a request for an agent that is not connected gets the router's explanation first).
 pub const DEFAULT_REST_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -45,6 +47,21 @@ pub struct Config {
     pub rest: RestConfig,
 }
 
+/// Agent configurations (Git) are re-read this often per open presence stream.
+pub const DEFAULT_CONFIGURATION_POLL_PERIOD: Duration = Duration::from_secs(20);
+/// GitLab mode: kas -> GitLab request timeouts.
+pub const DEFAULT_GITLAB_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+pub const DEFAULT_GITLAB_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// A verified agent token is re-checked with GitLab this often (revocation takes this long).
+pub const DEFAULT_AGENT_INFO_TTL: Duration = Duration::from_secs(300);
+/// Failed verifications are remembered briefly, so a broken agent cannot hammer GitLab.
+pub const DEFAULT_AGENT_INFO_ERROR_TTL: Duration = Duration::from_secs(10);
+pub const DEFAULT_AGENT_INFO_MAX_ENTRIES: usize = 10_000;
+/// kas -> GitLab requests: 10 per second sustained, bursts of 50, callers wait up to 5 s.
+pub const DEFAULT_GITLAB_RATE: u32 = 10;
+pub const DEFAULT_GITLAB_BURST: u32 = 50;
+pub const DEFAULT_GITLAB_RATE_MAX_WAIT: Duration = Duration::from_secs(5);
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ListenersConfig {
@@ -57,6 +74,22 @@ pub struct ListenersConfig {
     /// The REST gateway (JSON over HTTP, OpenAPI, Swagger UI) and the Kubernetes API proxy.
     /// kubectl sends its token only over TLS, so give it `tls` when kubectl uses it.
     pub rest: ListenerConfig,
+    /// Prometheus `/metrics`, `/livez`, `/readyz` (no authentication: keep it on loopback or a
+    /// private network). Its `tls` is ignored.
+    pub observability: ListenerConfig,
+}
+
+impl ListenersConfig {
+    /// Every listener, with its config key.
+    pub fn all_mut(&mut self) -> [(&'static str, &mut ListenerConfig); 5] {
+        [
+            ("listeners.agent", &mut self.agent),
+            ("listeners.api", &mut self.api),
+            ("listeners.internal", &mut self.internal),
+            ("listeners.rest", &mut self.rest),
+            ("listeners.observability", &mut self.observability),
+        ]
+    }
 }
 
 impl Default for ListenersConfig {
@@ -66,6 +99,7 @@ impl Default for ListenersConfig {
             api: ListenerConfig::new(DEFAULT_API_ADDRESS),
             internal: ListenerConfig::new(DEFAULT_INTERNAL_ADDRESS),
             rest: ListenerConfig::new(DEFAULT_REST_ADDRESS),
+            observability: ListenerConfig::new(DEFAULT_OBSERVABILITY_ADDRESS),
         }
     }
 }
@@ -94,11 +128,89 @@ impl ListenerConfig {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct GitlabConfig {
-    /// File with the base64 secret shared with GitLab (verifies api listener JWTs). Required.
+    /// File with the base64 secret shared with GitLab (verifies api listener JWTs, signs kas's
+    /// requests to GitLab). Required.
     pub authentication_secret_file: Option<PathBuf>,
+    /// GitLab's URL (`https://gitlab.example.com`). When set, agent tokens are verified by
+    /// GitLab's internal API instead of the static agents file ("GitLab mode").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// PEM CA certificates trusted for `address` (in addition to the public roots).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ca_cert_file: Option<PathBuf>,
+    /// Connecting to GitLab fails after this long.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// A whole request to GitLab fails after this long.
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    pub agent_info_cache: AgentInfoCacheConfig,
+    pub rate_limit: GitlabRateLimitConfig,
+}
+
+impl Default for GitlabConfig {
+    fn default() -> Self {
+        Self {
+            authentication_secret_file: None,
+            address: None,
+            ca_cert_file: None,
+            connect_timeout: DEFAULT_GITLAB_CONNECT_TIMEOUT,
+            request_timeout: DEFAULT_GITLAB_REQUEST_TIMEOUT,
+            agent_info_cache: AgentInfoCacheConfig::default(),
+            rate_limit: GitlabRateLimitConfig::default(),
+        }
+    }
+}
+
+/// Agent token -> agent info answers from GitLab, cached per token (keyed by its SHA-256).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentInfoCacheConfig {
+    /// How long a successful answer is reused (a revoked token keeps working this long).
+    #[serde(with = "humantime_serde")]
+    pub ttl: Duration,
+    /// How long a failed answer (401, 403, GitLab unavailable) is reused.
+    #[serde(with = "humantime_serde")]
+    pub error_ttl: Duration,
+    /// Most tokens kept; expired entries go first, then the ones expiring soonest.
+    pub max_entries: usize,
+}
+
+impl Default for AgentInfoCacheConfig {
+    fn default() -> Self {
+        Self {
+            ttl: DEFAULT_AGENT_INFO_TTL,
+            error_ttl: DEFAULT_AGENT_INFO_ERROR_TTL,
+            max_entries: DEFAULT_AGENT_INFO_MAX_ENTRIES,
+        }
+    }
+}
+
+/// A token bucket limiting kas -> GitLab requests.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GitlabRateLimitConfig {
+    /// Sustained requests per second.
+    pub requests_per_second: u32,
+    /// Requests allowed at once after a quiet period (the bucket size).
+    pub burst: u32,
+    /// A request waits at most this long for the bucket; longer waits fail at once with
+    /// UNAVAILABLE "rate limited".
+    #[serde(with = "humantime_serde")]
+    pub max_wait: Duration,
+}
+
+impl Default for GitlabRateLimitConfig {
+    fn default() -> Self {
+        Self {
+            requests_per_second: DEFAULT_GITLAB_RATE,
+            burst: DEFAULT_GITLAB_BURST,
+            max_wait: DEFAULT_GITLAB_RATE_MAX_WAIT,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -112,11 +224,22 @@ pub struct KasInternalConfig {
     pub advertise_ip: Option<std::net::IpAddr>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AgentsConfig {
-    /// The static agents file (agents, token hashes, configurations). Required.
+    /// The static agents file (agents, token hashes, configurations). Required unless
+    /// `gitlab.address` is set.
     pub static_file: Option<PathBuf>,
+    /// How often an open presence stream re-reads the agent's configuration (± 10 % jitter);
+    /// a changed commit is sent to agentk.
+    #[serde(with = "humantime_serde")]
+    pub configuration_poll_period: Duration,
+}
+
+impl Default for AgentsConfig {
+    fn default() -> Self {
+        Self { static_file: None, configuration_poll_period: DEFAULT_CONFIGURATION_POLL_PERIOD }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -255,6 +378,7 @@ impl Config {
             ("listeners.api.address", &self.listeners.api),
             ("listeners.internal.address", &self.listeners.internal),
             ("listeners.rest.address", &self.listeners.rest),
+            ("listeners.observability.address", &self.listeners.observability),
         ] {
             l.address.parse::<SocketAddr>().map_err(|e| ConfigError::Invalid {
                 key,
@@ -276,15 +400,54 @@ impl Config {
         let required = [
             ("gitlab.authentication_secret_file", &self.gitlab.authentication_secret_file),
             ("kas_internal.authentication_secret_file", &self.kas_internal.authentication_secret_file),
-            ("agents.static_file", &self.agents.static_file),
         ];
         for (key, v) in required {
             if v.is_none() {
                 return Err(ConfigError::Invalid { key, message: "is required".into() });
             }
         }
+        // GitLab mode verifies agent tokens with GitLab; the static file is then optional.
+        if self.gitlab.address.is_none() && self.agents.static_file.is_none() {
+            return Err(ConfigError::Invalid {
+                key: "agents.static_file",
+                message: "is required (unless gitlab.address is set)".into(),
+            });
+        }
+        if let Some(address) = &self.gitlab.address {
+            let ok = address
+                .parse::<http::Uri>()
+                .is_ok_and(|u| matches!(u.scheme_str(), Some("http" | "https")) && u.authority().is_some());
+            if !ok || address.contains('?') || address.contains('#') {
+                return Err(ConfigError::Invalid {
+                    key: "gitlab.address",
+                    message: format!("\"{address}\" is not an http(s) URL such as https://gitlab.example.com"),
+                });
+            }
+        }
+        if self.gitlab.rate_limit.requests_per_second == 0 {
+            return Err(ConfigError::Invalid {
+                key: "gitlab.rate_limit.requests_per_second",
+                message: "must be greater than zero".into(),
+            });
+        }
+        if self.gitlab.rate_limit.burst == 0 {
+            return Err(ConfigError::Invalid {
+                key: "gitlab.rate_limit.burst",
+                message: "must be greater than zero".into(),
+            });
+        }
+        if self.gitlab.agent_info_cache.max_entries == 0 {
+            return Err(ConfigError::Invalid {
+                key: "gitlab.agent_info_cache.max_entries",
+                message: "must be greater than zero".into(),
+            });
+        }
         let nonzero = [
             ("routing.max_wait", self.routing.max_wait),
+            ("gitlab.connect_timeout", self.gitlab.connect_timeout),
+            ("gitlab.request_timeout", self.gitlab.request_timeout),
+            ("gitlab.agent_info_cache.ttl", self.gitlab.agent_info_cache.ttl),
+            ("agents.configuration_poll_period", self.agents.configuration_poll_period),
             ("rest.request_timeout", self.rest.request_timeout),
             ("registry.ttl", self.registry.ttl),
             ("registry.refresh_period", self.registry.refresh_period),
@@ -329,6 +492,14 @@ impl Config {
         Ok(())
     }
 
+    /// Every listener on `127.0.0.1:0` (free ports picked by the OS): tests and benchmarks.
+    pub fn with_ephemeral_ports(mut self) -> Self {
+        for (_, l) in self.listeners.all_mut() {
+            l.address = "127.0.0.1:0".into();
+        }
+        self
+    }
+
     pub fn listener_address(l: &ListenerConfig) -> SocketAddr {
         // validate() has checked it; the fallback keeps this total.
         l.address.parse().unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)))
@@ -371,6 +542,13 @@ mod tests {
         let mut c = Config::parse(example()).unwrap();
         c.agents.static_file = None;
         assert!(c.validate().unwrap_err().to_string().contains("agents.static_file: is required"));
+        c.gitlab.address = Some("https://gitlab.example.com".into());
+        c.validate().unwrap();
+        c.gitlab.address = Some("gitlab.example.com".into());
+        assert!(c.validate().unwrap_err().to_string().contains("gitlab.address"));
+        let mut c = Config::parse(example()).unwrap();
+        c.gitlab.rate_limit.burst = 0;
+        assert!(c.validate().unwrap_err().to_string().contains("gitlab.rate_limit.burst"));
         let mut c = Config::parse(example()).unwrap();
         c.registry.refresh_period = c.registry.ttl;
         assert!(c.validate().unwrap_err().to_string().contains("registry.refresh_period"));

@@ -11,6 +11,16 @@ pub enum KasError {
     /// The caller's credentials are missing or invalid (message says which check failed).
     #[error("{0}")]
     Unauthenticated(String),
+    /// The caller is known but not allowed (GitLab answered 403 for an agent token).
+    #[error("{0}")]
+    PermissionDenied(String),
+    /// GitLab could not answer (down, timed out, rate limited, unexpected status). The message
+    /// names the reason; it never carries a token.
+    #[error("GitLab is unavailable: {0}")]
+    GitlabUnavailable(String),
+    /// The agent's configuration file is invalid (too large, unknown keys, bad YAML).
+    #[error("{0}")]
+    InvalidAgentConfiguration(String),
     /// The request itself is malformed (bad id, bad parameter).
     #[error("{0}")]
     InvalidArgument(String),
@@ -52,6 +62,9 @@ impl KasError {
         use http::StatusCode as S;
         match self {
             Self::Unauthenticated(_) => (Code::Unauthenticated, S::UNAUTHORIZED),
+            Self::PermissionDenied(_) => (Code::PermissionDenied, S::FORBIDDEN),
+            Self::GitlabUnavailable(_) => (Code::Unavailable, S::SERVICE_UNAVAILABLE),
+            Self::InvalidAgentConfiguration(_) => (Code::FailedPrecondition, S::PRECONDITION_FAILED),
             Self::InvalidArgument(_) => (Code::InvalidArgument, S::BAD_REQUEST),
             Self::AgentNotConnected { .. } | Self::ConnectionNotConnected { .. } => {
                 (Code::Unavailable, S::SERVICE_UNAVAILABLE)

@@ -4,6 +4,7 @@ pub mod app;
 pub mod auth;
 pub mod config;
 pub mod error;
+pub mod metrics;
 pub mod modules;
 pub mod registry;
 pub mod router;

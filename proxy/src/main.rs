@@ -32,6 +32,9 @@ struct Cli {
     /// Overrides listeners.rest.address (the REST gateway).
     #[arg(long, env = "KAS_REST_ADDRESS")]
     rest_address: Option<String>,
+    /// Overrides listeners.observability.address (/metrics, /livez, /readyz).
+    #[arg(long, env = "KAS_OBSERVABILITY_ADDRESS")]
+    observability_address: Option<String>,
     /// Use Redis as the registry (many replicas): redis://, rediss:// or unix:// URL. Overrides
     /// registry.redis.url (other Redis settings keep their config values or defaults).
     #[arg(long, env = "KAS_REDIS_URL")]
@@ -117,7 +120,8 @@ async fn main() -> anyhow::Result<()> {
         }
         None => {
             init_logging(&cli.log, cli.log_format)?;
-            let overrides = [cli.agent_address, cli.api_address, cli.internal_address, cli.rest_address];
+            let overrides =
+                [cli.agent_address, cli.api_address, cli.internal_address, cli.rest_address, cli.observability_address];
             run(cli.config, cli.dev_dir, overrides, cli.redis_url).await
         }
     }
@@ -126,7 +130,7 @@ async fn main() -> anyhow::Result<()> {
 async fn run(
     config: Option<PathBuf>,
     dev_dir: PathBuf,
-    overrides: [Option<String>; 4],
+    overrides: [Option<String>; 5],
     redis_url: Option<String>,
 ) -> anyhow::Result<()> {
     let (mut config, dev) = match config {
@@ -136,16 +140,10 @@ async fn run(
             (dev.config.clone(), Some(dev))
         }
     };
-    let [agent, api, internal, rest] = overrides;
-    let listeners = &mut config.listeners;
-    for (address, value) in [
-        (&mut listeners.agent.address, agent),
-        (&mut listeners.api.address, api),
-        (&mut listeners.internal.address, internal),
-        (&mut listeners.rest.address, rest),
-    ] {
+    // Same order as ListenersConfig::all_mut: agent, api, internal, rest, observability.
+    for ((_, listener), value) in config.listeners.all_mut().into_iter().zip(overrides) {
         if let Some(v) = value {
-            *address = v;
+            listener.address = v;
         }
     }
     // Installed here, not in the spawned task: a SIGTERM right after "kas listening" must drain,
@@ -185,7 +183,14 @@ fn add_agent(
     token_file: Option<PathBuf>,
 ) -> anyhow::Result<()> {
     let token = generate_agent_token();
-    let agent = StaticAgent { id, name, project_id, token_sha256: token_sha256_hex(&token), configuration: None };
+    let agent = StaticAgent {
+        id,
+        name,
+        project_id,
+        token_sha256: token_sha256_hex(&token),
+        configuration: None,
+        configuration_repository: None,
+    };
     // Validate first (nothing written on a bad request), then store the token, then register the
     // agent: an agent registered without a saved token would be unusable.
     let updated = StaticAgentsFile::with_added(&agents_file, agent)?;

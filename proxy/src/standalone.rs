@@ -70,6 +70,7 @@ pub fn ensure_dev_setup(dir: &Path) -> Result<DevSetup, DevSetupError> {
                 project_id: DEV_PROJECT_ID,
                 token_sha256: token_sha256_hex(&token),
                 configuration: None,
+                configuration_repository: None,
             }],
         };
         // Token first: an agents file without its token would lock the dev agent out.

@@ -189,6 +189,7 @@ impl Standalone {
             .args(["--dev-dir", path_str(dev_dir)])
             .args(["--agent-address", "127.0.0.1:0", "--api-address", "127.0.0.1:0"])
             .args(["--internal-address", "127.0.0.1:0", "--log-format", "json"])
+            .args(["--rest-address", "127.0.0.1:0", "--observability-address", "127.0.0.1:0"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
+use crate::fake_gitlab::{FakeGitlab, GitlabAgent};
 use crate::fake_kube::FakeKube;
 use crate::redis_server::RedisServer;
 
@@ -40,6 +41,7 @@ pub struct ClusterBuilder {
     max_wait: Duration,
     edits: Vec<ConfigEdit>,
     redis: bool,
+    gitlab: bool,
 }
 
 impl Default for ClusterBuilder {
@@ -50,6 +52,7 @@ impl Default for ClusterBuilder {
             max_wait: Duration::from_secs(10),
             edits: Vec::new(),
             redis: false,
+            gitlab: false,
         }
     }
 }
@@ -101,6 +104,13 @@ impl ClusterBuilder {
         })
     }
 
+    /// GitLab mode: a [`FakeGitlab`] (sharing the cluster's GitLab secret, knowing every
+    /// agent's token) verifies agent tokens; kas gets no static agents file.
+    pub fn gitlab(mut self) -> Self {
+        self.gitlab = true;
+        self
+    }
+
     /// kas's routing.max_wait.
     pub fn max_wait(mut self, d: Duration) -> Self {
         self.max_wait = d;
@@ -128,6 +138,7 @@ impl ClusterBuilder {
                 project_id,
                 token_sha256: token_sha256_hex(&token),
                 configuration: configuration.clone(),
+                configuration_repository: None,
             });
             agents.push(TestAgent { id, project_id, token, token_file, configuration });
         }
@@ -137,15 +148,7 @@ impl ClusterBuilder {
         let kubeconfig = dir.path().join("kubeconfig");
         std::fs::write(&kubeconfig, kube.kubeconfig()).expect("write kubeconfig");
 
-        let mut config = kas::Config::default();
-        for l in [
-            &mut config.listeners.agent,
-            &mut config.listeners.api,
-            &mut config.listeners.internal,
-            &mut config.listeners.rest,
-        ] {
-            l.address = "127.0.0.1:0".into();
-        }
+        let mut config = kas::Config::default().with_ephemeral_ports();
         config.gitlab.authentication_secret_file = Some(gitlab_secret_file);
         config.kas_internal.authentication_secret_file = Some(internal_secret_file);
         config.agents.static_file = Some(agents_file);
@@ -164,6 +167,18 @@ impl ClusterBuilder {
         } else {
             None
         };
+        let gitlab = if self.gitlab {
+            let fake = FakeGitlab::start(&gitlab_secret).await;
+            for a in &agents {
+                let agent = GitlabAgent { agent_id: a.id, project_id: a.project_id, name: format!("agent-{}", a.id) };
+                fake.add_agent(&a.token, agent);
+            }
+            config.gitlab.address = Some(fake.url());
+            config.agents.static_file = None;
+            Some(fake)
+        } else {
+            None
+        };
         for edit in self.edits {
             edit(&mut config, dir.path());
         }
@@ -179,6 +194,7 @@ impl ClusterBuilder {
             kubeconfig,
             kas: Vec::new(),
             redis,
+            gitlab,
         };
         for _ in 0..self.kas_count {
             let k = cluster.start_kas().await;
@@ -200,6 +216,8 @@ pub struct Cluster {
     pub kas: Vec<KasHandle>,
     /// The private redis-server, when the cluster uses Redis.
     pub redis: Option<RedisServer>,
+    /// The fake GitLab verifying agent tokens (`ClusterBuilder::gitlab`).
+    pub gitlab: Option<FakeGitlab>,
 }
 
 pub struct KasHandle {

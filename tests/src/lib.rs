@@ -2,11 +2,13 @@
 //! ephemeral ports, a fake Kubernetes API server, and helpers to call kas the way GitLab does.
 
 pub mod cluster;
+pub mod fake_gitlab;
 pub mod fake_kube;
 pub mod process;
 pub mod redis_server;
 
 pub use cluster::{AgentkHandle, Cluster, ClusterBuilder, KasHandle};
+pub use fake_gitlab::FakeGitlab;
 pub use fake_kube::FakeKube;
 pub use process::{KasProcess, Process, workspace_binary};
 pub use redis_server::RedisServer;

@@ -28,6 +28,7 @@ const PRODUCT_ENV: &[&str] = &[
     "KAS_API_ADDRESS",
     "KAS_INTERNAL_ADDRESS",
     "KAS_REST_ADDRESS",
+    "KAS_OBSERVABILITY_ADDRESS",
     "KAS_LOG",
     "KAS_LOG_FORMAT",
     "KAS_REDIS_URL",
@@ -275,6 +276,7 @@ pub async fn start_kas_standalone(work_dir: &Path) -> KasProcess {
         .args(["--api-address", "127.0.0.1:0"])
         .args(["--internal-address", "127.0.0.1:0"])
         .args(["--rest-address", "127.0.0.1:0"])
+        .args(["--observability-address", "127.0.0.1:0"])
         .args(["--log-format", "json", "--log", "info"]);
     let mut process = Process::spawn("kas", cmd);
     let listening = process.wait_for_message("kas listening").await;
@@ -283,6 +285,7 @@ pub async fn start_kas_standalone(work_dir: &Path) -> KasProcess {
         api: address(&listening, "api"),
         internal: address(&listening, "internal"),
         rest: address(&listening, "rest"),
+        observability: address(&listening, "observability"),
     };
     let instructions = {
         let lines = process.lines.lock().unwrap();
@@ -313,6 +316,7 @@ pub async fn start_kas_with_config(config: &kas::Config, work_dir: &Path) -> Con
         api: address(&listening, "api"),
         internal: address(&listening, "internal"),
         rest: address(&listening, "rest"),
+        observability: address(&listening, "observability"),
     };
     let instance_id = listening["fields"]["kas"].as_str().expect("kas instance id in the log").to_owned();
     ConfiguredKas { process, addresses, instance_id }

@@ -31,15 +31,7 @@ async fn a_50_mib_response_streams_through_kas_and_agentk_processes_with_bounded
     let (certificate_file, key_file) = (dir.path().join("rest.crt"), dir.path().join("rest.key"));
     std::fs::write(&certificate_file, cert.cert.pem()).unwrap();
     std::fs::write(&key_file, cert.signing_key.serialize_pem()).unwrap();
-    let mut config = dev.config.clone();
-    for l in [
-        &mut config.listeners.agent,
-        &mut config.listeners.api,
-        &mut config.listeners.internal,
-        &mut config.listeners.rest,
-    ] {
-        l.address = "127.0.0.1:0".into();
-    }
+    let mut config = dev.config.clone().with_ephemeral_ports();
     config.listeners.rest.tls = Some(kas::config::TlsConfig { certificate_file: certificate_file.clone(), key_file });
     let kas = start_kas_with_config(&config, dir.path()).await;
 

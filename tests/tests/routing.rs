@@ -144,15 +144,7 @@ async fn a_crashed_kas_stops_receiving_requests_within_the_heartbeat_ttl() {
     let c = Cluster::builder().redis().kas(1).max_wait(Duration::from_millis(500)).start().await;
     c.kube.add_pod("default", "p");
     // kas B is a real process, so it can really crash (SIGKILL: no cleanup at all).
-    let mut config = c.config.clone();
-    for l in [
-        &mut config.listeners.agent,
-        &mut config.listeners.api,
-        &mut config.listeners.internal,
-        &mut config.listeners.rest,
-    ] {
-        l.address = "127.0.0.1:0".into();
-    }
+    let config = c.config.clone().with_ephemeral_ports();
     let b = start_kas_with_config(&config, c.dir.path()).await;
     let mut agent_config = c.agentk_config(1, 0, "agentk-on-b");
     agent_config.kas_address = format!("grpc://{}", b.addresses.agent);

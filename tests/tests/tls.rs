@@ -63,15 +63,7 @@ async fn ca_cert_file_requires_grpcs() {
 async fn bad_tls_files_fail_startup_with_the_path() {
     let dir = tempfile::tempdir().unwrap();
     let setup = kas::standalone::ensure_dev_setup(&dir.path().join("dev")).unwrap();
-    let mut config = setup.config;
-    for l in [
-        &mut config.listeners.agent,
-        &mut config.listeners.api,
-        &mut config.listeners.internal,
-        &mut config.listeners.rest,
-    ] {
-        l.address = "127.0.0.1:0".into();
-    }
+    let mut config = setup.config.with_ephemeral_ports();
     config.listeners.api.tls = Some(kas::config::TlsConfig {
         certificate_file: dir.path().join("missing.crt"),
         key_file: dir.path().join("missing.key"),

@@ -40,6 +40,11 @@ pub struct StaticAgent {
     /// The agent configuration sent to agentk; empty when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub configuration: Option<AgentConfigDocument>,
+    /// A local bare Git repository (the agent's configuration project): the configuration is
+    /// `.gitlab/agents/<name>/config.yaml` on its default branch (`HEAD`), polled for changes.
+    /// Exclusive with `configuration`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub configuration_repository: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -64,6 +69,7 @@ pub enum StaticAgentsError {
 pub struct StaticAgents {
     by_hash: HashMap<[u8; 32], AgentIdentity>,
     configurations: HashMap<AgentId, AgentConfigDocument>,
+    repositories: HashMap<AgentId, std::path::PathBuf>,
 }
 
 pub fn token_sha256_hex(token: &str) -> String {
@@ -149,6 +155,9 @@ impl StaticAgentsFile {
             if !hashes.insert(hash) {
                 return Err(format!("{at}.token_sha256 is used by another agent"));
             }
+            if a.configuration.is_some() && a.configuration_repository.is_some() {
+                return Err(format!("{at}: set configuration or configuration_repository, not both"));
+            }
         }
         Ok(())
     }
@@ -162,6 +171,7 @@ impl StaticAgents {
     pub fn new(file: StaticAgentsFile) -> Self {
         let mut by_hash = HashMap::new();
         let mut configurations = HashMap::new();
+        let mut repositories = HashMap::new();
         for a in file.agents {
             let mut hash = [0u8; 32];
             if hex::decode_to_slice(a.token_sha256.to_ascii_lowercase(), &mut hash).is_err() {
@@ -171,9 +181,17 @@ impl StaticAgents {
             if let Some(c) = a.configuration {
                 configurations.insert(identity.agent_id, c);
             }
+            if let Some(r) = a.configuration_repository {
+                repositories.insert(identity.agent_id, r);
+            }
             by_hash.insert(hash, identity);
         }
-        Self { by_hash, configurations }
+        Self { by_hash, configurations, repositories }
+    }
+
+    /// The agent's configuration repository, when its configuration comes from Git.
+    pub fn configuration_repository(&self, agent_id: AgentId) -> Option<&Path> {
+        self.repositories.get(&agent_id).map(std::path::PathBuf::as_path)
     }
 
     /// The configuration of an agent (empty when the file has none).
@@ -202,6 +220,7 @@ mod tests {
                 project_id: 9,
                 token_sha256: token_sha256_hex(token),
                 configuration: None,
+                configuration_repository: None,
             }],
         }
     }

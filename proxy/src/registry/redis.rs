@@ -210,10 +210,19 @@ impl RedisRegistry {
             .map_err(|e| err("connect", e))
     }
 
-    async fn query<T: redis::FromRedisValue>(&self, context: &str, pipe: &redis::Pipeline) -> Result<T, RegistryError> {
-        let mut conn = self.conn().await?;
-        self.round_trips.fetch_add(1, Ordering::Relaxed);
-        pipe.query_async(&mut conn).await.map_err(|e| err(context, e))
+    async fn query<T: redis::FromRedisValue>(
+        &self,
+        context: &'static str,
+        pipe: &redis::Pipeline,
+    ) -> Result<T, RegistryError> {
+        let result = async {
+            let mut conn = self.conn().await?;
+            self.round_trips.fetch_add(1, Ordering::Relaxed);
+            pipe.query_async(&mut conn).await.map_err(|e| err(context, e))
+        }
+        .await;
+        crate::metrics::registry_operation(context, result.is_ok());
+        result
     }
 
     fn owned(&self) -> MutexGuard<'_, HashMap<(AgentId, ConnectionId), OwnedRecord>> {
@@ -261,7 +270,7 @@ impl RedisRegistry {
         if !expired.is_empty() {
             let mut pipe = redis::pipe();
             pipe.hdel(&key, expired).ignore();
-            if let Err(e) = self.query::<()>("delete expired", &pipe).await {
+            if let Err(e) = self.query::<()>("delete_expired", &pipe).await {
                 tracing::debug!(error = %e, "deleting expired registry fields failed");
             }
         }
@@ -360,7 +369,7 @@ impl AgentRegistry for RedisRegistry {
         for key in &keys {
             pipe.hgetall(key);
         }
-        let hashes: Vec<HashMap<String, Vec<u8>>> = self.query("gc read", &pipe).await?;
+        let hashes: Vec<HashMap<String, Vec<u8>>> = self.query("gc_read", &pipe).await?;
         let now = now_ms();
         let mut pipe = redis::pipe();
         let mut deletes = 0;
@@ -379,7 +388,7 @@ impl AgentRegistry for RedisRegistry {
         let empty: HashSet<&String> = keys.iter().zip(&hashes).filter(|(_, h)| h.is_empty()).map(|(k, _)| k).collect();
         self.written_keys().retain(|k| !empty.contains(k));
         if deletes > 0 {
-            self.query::<()>("gc delete", &pipe).await?;
+            self.query::<()>("gc_delete", &pipe).await?;
         }
         Ok(())
     }
@@ -419,7 +428,7 @@ impl AgentRegistry for RedisRegistry {
             pipe.publish(self.keys.events(), event).ignore();
         }
         pipe.del(self.keys.instance(&self.instance.instance_id)).ignore();
-        self.query("remove all", &pipe).await
+        self.query("remove_all", &pipe).await
     }
 }
 

@@ -25,6 +25,7 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
 
 use crate::error::KasError;
+use crate::metrics::RouteOutcome;
 use crate::registry::{AgentRegistry, RegistryEvent};
 use crate::tunnel::{TunnelIo, TunnelQuery, TunnelRegistry};
 use peers::{PeerError, Peers};
@@ -109,17 +110,38 @@ impl Router {
 
     /// Finds a tunnel for an external call (GitLab, REST): local, via a peer, or after waiting.
     pub async fn route(&self, target: &Target, caller_deadline: Option<Duration>) -> Result<TunnelIo, KasError> {
-        target.validate()?;
         let started = Instant::now();
+        let result = self.route_inner(target, caller_deadline, started).await;
+        let outcome = match &result {
+            Ok((_, kind)) => *kind,
+            Err(
+                KasError::AgentNotConnected { .. }
+                | KasError::ConnectionNotConnected { .. }
+                | KasError::AgentBusy { .. }
+                | KasError::DeadlineExceeded { .. },
+            ) => RouteOutcome::TimedOut,
+            Err(_) => RouteOutcome::Failed,
+        };
+        crate::metrics::routed(&target.method, outcome, started.elapsed());
+        result.map(|(io, _)| io)
+    }
+
+    async fn route_inner(
+        &self,
+        target: &Target,
+        caller_deadline: Option<Duration>,
+        started: Instant,
+    ) -> Result<(TunnelIo, RouteOutcome), KasError> {
+        target.validate()?;
         let (wait, caller_bound) = self.wait_for(caller_deadline);
         let deadline = started + wait;
         // Subscribe before scanning: a connection that appears after the scan wakes us.
         let mut events = self.registry.subscribe();
         if let Some(t) = self.tunnels.find_now(target.query()).await.map_err(|_| KasError::ShuttingDown)? {
-            return Ok(self.routed(target, t.io, RouteKind::Local, started));
+            return Ok((self.routed(target, t.io, RouteKind::Local, started), RouteOutcome::Local));
         }
         if let Some(io) = self.try_peers(target, deadline).await? {
-            return Ok(self.routed(target, io, RouteKind::Peer, started));
+            return Ok((self.routed(target, io, RouteKind::Peer, started), RouteOutcome::Peer));
         }
         let local = self.tunnels.find(target.query());
         tokio::pin!(local);
@@ -129,7 +151,7 @@ impl Router {
                 biased;
                 t = &mut local => {
                     let t = t.map_err(|_| KasError::ShuttingDown)?;
-                    return Ok(self.routed(target, t.io, RouteKind::Local, started));
+                    return Ok((self.routed(target, t.io, RouteKind::Local, started), RouteOutcome::Waited));
                 }
                 () = tokio::time::sleep_until(deadline) => {
                     return Err(self.explain_timeout(target, started.elapsed(), caller_bound).await);
@@ -147,7 +169,7 @@ impl Router {
                 }
             };
             if rescan && let Some(io) = self.try_peers(target, deadline).await? {
-                return Ok(self.routed(target, io, RouteKind::Peer, started));
+                return Ok((self.routed(target, io, RouteKind::Peer, started), RouteOutcome::Waited));
             }
         }
     }
@@ -188,9 +210,11 @@ impl Router {
             match self.peers.open(&candidate, &target.method, wait).await {
                 Ok(io) => return Ok(Some(io)),
                 Err(PeerError::NotHere) => {
+                    crate::metrics::peer_error("not_here");
                     tracing::debug!(agent_id = %target.agent_id, connection_id = candidate.connection_id, "peer does not hold the connection");
                 }
                 Err(PeerError::Unavailable(e)) => {
+                    crate::metrics::peer_error("unavailable");
                     tracing::warn!(agent_id = %target.agent_id, kas = %candidate.kas_instance_id, error = %e, "peer kas unavailable");
                 }
                 Err(PeerError::Failed(e)) => return Err(e),

@@ -27,6 +27,8 @@ const TUNNEL_SEND_BUFFER: usize = 16;
 pub struct AgentService {
     pub verifier: Arc<dyn TokenVerifier>,
     pub configurations: Arc<dyn ConfigurationSource>,
+    /// How often an open presence stream re-reads the configuration (jittered ±10 %).
+    pub configuration_poll_period: Duration,
     pub registry: Arc<dyn AgentRegistry>,
     pub tunnels: TunnelRegistry,
     pub shutdown: CancellationToken,
@@ -39,6 +41,11 @@ impl AgentService {
         })?;
         Ok(self.verifier.verify(token).await?)
     }
+}
+
+/// `period` ± 10 %, so presence streams opened together do not poll together.
+fn jittered(period: Duration) -> Duration {
+    period.mul_f64(rand::random_range(0.9..=1.1))
 }
 
 fn now() -> prost_types::Timestamp {
@@ -97,14 +104,39 @@ impl AgentTunnel for AgentService {
         let tunnels = self.tunnels.clone();
         let shutdown = self.shutdown.clone();
         let project_id = agent.project_id;
+        let configurations = self.configurations.clone();
+        let poll_period = self.configuration_poll_period;
         tokio::spawn(async move {
-            if first.commit_id != req.commit_id {
+            let mut last_commit = req.commit_id;
+            if first.commit_id != last_commit {
+                last_commit.clone_from(&first.commit_id);
                 let _ = tx.send(Ok(first)).await;
             }
-            tokio::select! {
-                () = tx.closed() => {}
-                // Ending the stream tells agentk to reconnect, to another kas when there is one.
-                () = shutdown.cancelled() => {}
+            loop {
+                tokio::select! {
+                    () = tx.closed() => break,
+                    // Ending the stream tells agentk to reconnect, to another kas when there is one.
+                    () = shutdown.cancelled() => break,
+                    () = tokio::time::sleep(jittered(poll_period)) => {}
+                }
+                match configurations.configuration(&agent).await {
+                    Ok(update) if update.commit_id != last_commit => {
+                        tracing::info!(%agent_id, commit_id = %update.commit_id, "agent configuration changed");
+                        last_commit.clone_from(&update.commit_id);
+                        if tx.send(Ok(update)).await.is_err() {
+                            break;
+                        }
+                    }
+                    Ok(_) => {}
+                    // An invalid file ends the stream; agentk keeps its last good configuration.
+                    Err(e @ crate::error::KasError::InvalidAgentConfiguration(_)) => {
+                        tracing::warn!(%agent_id, error = %e, "invalid agent configuration");
+                        let _ = tx.send(Err(e.into())).await;
+                        break;
+                    }
+                    // Transient (repository unreadable): keep the connection, try next period.
+                    Err(e) => tracing::warn!(%agent_id, error = %e, "reading the agent configuration failed"),
+                }
             }
             drop(tx);
             disconnect(&*registry, &tunnels, agent_id, project_id, connection_id).await;

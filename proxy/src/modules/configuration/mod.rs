@@ -3,6 +3,8 @@
 //! The YAML form (in the static agents file now, in `.gitlab/agents/<name>/config.yaml` later)
 //! is parsed strictly: unknown fields are an error.
 
+pub mod git;
+
 use kas_proto::tunnel::pb;
 use prost::Message;
 use serde::{Deserialize, Serialize};
@@ -67,7 +69,13 @@ impl ConfigurationSource for crate::auth::StaticAgents {
         &self,
         agent: &crate::auth::AgentIdentity,
     ) -> Result<pb::ConfigurationResponse, crate::error::KasError> {
-        Ok(crate::auth::StaticAgents::configuration(self, agent.agent_id).to_response())
+        let Some(repository) = self.configuration_repository(agent.agent_id) else {
+            return Ok(crate::auth::StaticAgents::configuration(self, agent.agent_id).to_response());
+        };
+        let (repository, name) = (repository.to_owned(), agent.name.clone());
+        tokio::task::spawn_blocking(move || git::read_configuration(&repository, &name))
+            .await
+            .map_err(|e| crate::error::KasError::Internal(format!("reading the agent configuration: {e}")))?
     }
 }
 

@@ -173,15 +173,7 @@ pub async fn run(report: &mut String) {
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::write(&kubeconfig, fake.kubeconfig()).expect("kubeconfig");
 
-    let mut config = dev.config.clone();
-    for l in [
-        &mut config.listeners.agent,
-        &mut config.listeners.api,
-        &mut config.listeners.internal,
-        &mut config.listeners.rest,
-    ] {
-        l.address = "127.0.0.1:0".into();
-    }
+    let mut config = dev.config.clone().with_ephemeral_ports();
     config.registry.redis = Some(kas::registry::redis::RedisConfig::new(redis.url()));
     let (kas_a, rest_a, agent_a) = start_kas(&config, dir.path(), 0);
     let (kas_b, rest_b, _) = start_kas(&config, dir.path(), 1);

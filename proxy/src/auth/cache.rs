@@ -1,0 +1,195 @@
+//! A per-key TTL cache with single-flight loading, for answers of a slow backend (GitLab).
+//!
+//! Keys are 32-byte digests (the SHA-256 of an agent token: the token itself is never kept).
+//! Each key maps to a `tokio::sync::OnceCell`: the first caller loads, concurrent callers for
+//! the same key await that one load. The std mutex guards only the map and is never held across
+//! an `.await`. Successes and failures are kept for separate TTLs; the map holds at most
+//! `max_entries` keys (expired entries are evicted first, then those expiring soonest).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::OnceCell;
+use tokio::time::Instant;
+
+use crate::error::KasError;
+
+pub type CacheKey = [u8; 32];
+
+#[derive(Debug, Clone)]
+struct Stored<V> {
+    value: Result<V, KasError>,
+    expires_at: Instant,
+}
+
+type Cell<V> = Arc<OnceCell<Stored<V>>>;
+
+#[derive(Debug)]
+pub struct TtlCache<V> {
+    entries: Mutex<HashMap<CacheKey, Cell<V>>>,
+    ttl: Duration,
+    error_ttl: Duration,
+    max_entries: usize,
+}
+
+impl<V: Clone> TtlCache<V> {
+    pub fn new(ttl: Duration, error_ttl: Duration, max_entries: usize) -> Self {
+        Self { entries: Mutex::default(), ttl, error_ttl, max_entries: max_entries.max(1) }
+    }
+
+    /// The cached answer for `key`, or the answer of `fetch` (run by one caller at a time per
+    /// key; the others wait for it). The answer is kept for `ttl` (Ok) or `error_ttl` (Err).
+    pub async fn get_or_fetch<F, Fut>(&self, key: CacheKey, fetch: F) -> Result<V, KasError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<V, KasError>>,
+    {
+        let cell = self.cell(key);
+        let stored = cell
+            .get_or_init(|| async {
+                let value = fetch().await;
+                let ttl = if value.is_ok() { self.ttl } else { self.error_ttl };
+                Stored { value, expires_at: Instant::now() + ttl }
+            })
+            .await;
+        stored.value.clone()
+    }
+
+    /// Keys currently held (loaded or loading, expired or not).
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether `key` is held (for tests: proves what the cache is keyed by).
+    pub fn contains(&self, key: &CacheKey) -> bool {
+        self.lock().contains_key(key)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<CacheKey, Cell<V>>> {
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The cell for `key`: the current one unless it holds an expired answer.
+    fn cell(&self, key: CacheKey) -> Cell<V> {
+        let now = Instant::now();
+        let mut entries = self.lock();
+        if let Some(cell) = entries.get(&key) {
+            match cell.get() {
+                Some(stored) if stored.expires_at <= now => {} // expired: replaced below
+                _ => return cell.clone(),
+            }
+        } else if entries.len() >= self.max_entries {
+            evict(&mut entries, now, self.max_entries);
+        }
+        let cell = Arc::new(OnceCell::new());
+        entries.insert(key, cell.clone());
+        cell
+    }
+}
+
+/// Makes room for one more entry: expired answers go first, then the answers expiring soonest,
+/// then (only if every entry is still loading) any entry.
+fn evict<V>(entries: &mut HashMap<CacheKey, Cell<V>>, now: Instant, max_entries: usize) {
+    entries.retain(|_, c| c.get().is_none_or(|s| s.expires_at > now));
+    while entries.len() >= max_entries {
+        let victim = entries
+            .iter()
+            .filter_map(|(k, c)| c.get().map(|s| (s.expires_at, *k)))
+            .min()
+            .map(|(_, k)| k)
+            .or_else(|| entries.keys().next().copied());
+        match victim {
+            Some(k) => {
+                entries.remove(&k);
+            }
+            None => break,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    fn key(n: u8) -> CacheKey {
+        [n; 32]
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn concurrent_callers_share_one_fetch() {
+        let cache = Arc::new(TtlCache::<u32>::new(Duration::from_secs(60), Duration::from_secs(1), 10));
+        let fetches = Arc::new(AtomicUsize::new(0));
+        let tasks: Vec<_> = (0..20)
+            .map(|_| {
+                let (cache, fetches) = (cache.clone(), fetches.clone());
+                tokio::spawn(async move {
+                    cache
+                        .get_or_fetch(key(1), || async {
+                            fetches.fetch_add(1, Ordering::SeqCst);
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                            Ok(7)
+                        })
+                        .await
+                })
+            })
+            .collect();
+        for t in tasks {
+            assert_eq!(t.await.unwrap().unwrap(), 7);
+        }
+        assert_eq!(fetches.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn success_and_error_have_their_own_ttl() {
+        let cache = TtlCache::<u32>::new(Duration::from_secs(60), Duration::from_secs(5), 10);
+        let fetches = AtomicUsize::new(0);
+        let ok = || async {
+            fetches.fetch_add(1, Ordering::SeqCst);
+            Ok(1)
+        };
+        let err = || async {
+            fetches.fetch_add(1, Ordering::SeqCst);
+            Err(KasError::Unauthenticated("no".into()))
+        };
+        cache.get_or_fetch(key(1), ok).await.unwrap();
+        cache.get_or_fetch(key(2), err).await.unwrap_err();
+        assert_eq!(fetches.load(Ordering::SeqCst), 2);
+
+        tokio::time::advance(Duration::from_secs(4)).await;
+        cache.get_or_fetch(key(1), ok).await.unwrap();
+        cache.get_or_fetch(key(2), ok).await.unwrap_err(); // the error is still cached
+        assert_eq!(fetches.load(Ordering::SeqCst), 2);
+
+        tokio::time::advance(Duration::from_secs(2)).await; // 6 s: error expired, success not
+        cache.get_or_fetch(key(1), err).await.unwrap();
+        assert_eq!(cache.get_or_fetch(key(2), ok).await.unwrap(), 1);
+        assert_eq!(fetches.load(Ordering::SeqCst), 3);
+
+        tokio::time::advance(Duration::from_secs(60)).await; // success expired too
+        cache.get_or_fetch(key(1), err).await.unwrap_err();
+        assert_eq!(fetches.load(Ordering::SeqCst), 4);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn size_is_bounded_and_soonest_expiring_go_first() {
+        let cache = TtlCache::<u32>::new(Duration::from_secs(60), Duration::from_secs(5), 3);
+        cache.get_or_fetch(key(1), || async { Ok(1) }).await.unwrap();
+        cache.get_or_fetch(key(2), || async { Err(KasError::Unauthenticated("x".into())) }).await.unwrap_err();
+        cache.get_or_fetch(key(3), || async { Ok(3) }).await.unwrap();
+        cache.get_or_fetch(key(4), || async { Ok(4) }).await.unwrap();
+        assert_eq!(cache.len(), 3);
+        assert!(!cache.contains(&key(2)), "the entry expiring soonest was evicted");
+        for n in 5..50 {
+            cache.get_or_fetch(key(n), || async { Ok(0) }).await.unwrap();
+            assert!(cache.len() <= 3);
+        }
+    }
+}

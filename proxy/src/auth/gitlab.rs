@@ -1,0 +1,271 @@
+//! GitLab mode: agent tokens are verified by GitLab's internal API.
+//!
+//! `GET {gitlab}/api/v4/internal/kubernetes/agent_info` with the agent token as
+//! `Authorization: Bearer <agent token>` and a `Gitlab-Kas-Api-Request` header carrying a
+//! short-lived JWT (HS256, issuer `gitlab-kas`, audience `gitlab`) signed with the secret shared
+//! with GitLab. 200 → the agent's info; 401 → UNAUTHENTICATED; 403 → PERMISSION_DENIED;
+//! anything else, network errors and timeouts → UNAVAILABLE.
+//!
+//! Answers are cached per token (keyed by the token's SHA-256, see [`TtlCache`]): successes for
+//! `gitlab.agent_info_cache.ttl`, failures for `error_ttl`; concurrent verifications of one token
+//! share one request. Requests to GitLab pass a [`TokenBucket`]. Tokens are never logged.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use kas_proto::{AgentId, ProjectId};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use super::agent_token::{AgentIdentity, TokenVerifier};
+use super::cache::TtlCache;
+use super::jwt::{KAS_ISSUER, mint_jwt};
+use super::secret::Secret;
+use super::token_bucket::TokenBucket;
+use crate::config::GitlabConfig;
+use crate::error::KasError;
+
+/// GitLab's internal API path answering "whose agent token is this".
+pub const AGENT_INFO_PATH: &str = "/api/v4/internal/kubernetes/agent_info";
+/// The header carrying kas's JWT on requests to GitLab's internal API.
+pub const API_REQUEST_HEADER: &str = "Gitlab-Kas-Api-Request";
+/// Audience of kas -> GitLab JWTs (the issuer is [`KAS_ISSUER`], `gitlab-kas`).
+pub const GITLAB_AUDIENCE: &str = "gitlab";
+/// Validity of the JWT on each request: just long enough to arrive.
+const API_JWT_TTL: Duration = Duration::from_secs(5);
+/// Larger agent_info bodies are refused (a real one is well under 2 KiB).
+const MAX_RESPONSE_BYTES: usize = 256 * 1024;
+
+/// GitLab's agent_info answer (the fields kas uses; unknown fields are ignored because GitLab
+/// adds fields over time). `gitaly_info.token` is deliberately not read.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct AgentInfo {
+    pub project_id: i64,
+    pub agent_id: i64,
+    pub agent_name: String,
+    #[serde(default)]
+    pub gitaly_info: Option<GitalyInfo>,
+    /// The agent's configuration project repository.
+    #[serde(default)]
+    pub gitaly_repository: Option<GitalyRepository>,
+    #[serde(default)]
+    pub default_branch: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct GitalyInfo {
+    #[serde(default)]
+    pub address: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct GitalyRepository {
+    #[serde(default)]
+    pub storage_name: String,
+    #[serde(default)]
+    pub relative_path: String,
+    #[serde(default)]
+    pub gl_repository: String,
+    #[serde(default)]
+    pub gl_project_path: String,
+}
+
+impl AgentInfo {
+    pub fn identity(&self) -> AgentIdentity {
+        AgentIdentity {
+            agent_id: AgentId(self.agent_id),
+            name: self.agent_name.clone(),
+            project_id: ProjectId(self.project_id),
+        }
+    }
+}
+
+/// Building the GitLab client failed (bad CA file, bad address).
+#[derive(Debug, thiserror::Error)]
+pub enum GitlabSetupError {
+    #[error("gitlab.ca_cert_file: cannot read {path}: {source}")]
+    CaRead { path: String, source: std::io::Error },
+    #[error("gitlab.ca_cert_file: {path} holds no usable PEM certificate: {message}")]
+    CaInvalid { path: String, message: String },
+    #[error("gitlab: cannot build the HTTP client: {0}")]
+    Client(String),
+}
+
+/// kas's client of GitLab's internal API (no cache; see [`GitlabVerifier`]).
+#[derive(Debug)]
+pub struct GitlabClient {
+    http: reqwest::Client,
+    agent_info_url: String,
+    secret: Secret,
+    limiter: TokenBucket,
+}
+
+impl GitlabClient {
+    /// `address` is GitLab's base URL (validated by `Config::validate`).
+    pub fn new(config: &GitlabConfig, address: &str, secret: Secret) -> Result<Self, GitlabSetupError> {
+        let mut builder = reqwest::Client::builder()
+            .use_rustls_tls()
+            .redirect(reqwest::redirect::Policy::none())
+            .connect_timeout(config.connect_timeout)
+            .timeout(config.request_timeout)
+            .user_agent(format!("kas/{}", crate::VERSION));
+        if let Some(path) = &config.ca_cert_file {
+            let p = path.display().to_string();
+            let pem = std::fs::read(path).map_err(|source| GitlabSetupError::CaRead { path: p.clone(), source })?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem)
+                .map_err(|e| GitlabSetupError::CaInvalid { path: p.clone(), message: e.to_string() })?;
+            if certs.is_empty() {
+                return Err(GitlabSetupError::CaInvalid { path: p, message: "no CERTIFICATE block".into() });
+            }
+            for cert in certs {
+                builder = builder.add_root_certificate(cert);
+            }
+        }
+        let http = builder.build().map_err(|e| GitlabSetupError::Client(e.to_string()))?;
+        let rl = &config.rate_limit;
+        Ok(Self {
+            http,
+            agent_info_url: format!("{}{AGENT_INFO_PATH}", address.trim_end_matches('/')),
+            secret,
+            limiter: TokenBucket::new(rl.requests_per_second, rl.burst, rl.max_wait),
+        })
+    }
+
+    /// Asks GitLab whose token this is (one request, rate limited, not cached).
+    pub async fn agent_info(&self, token: &str) -> Result<AgentInfo, KasError> {
+        self.limiter.acquire().await.map_err(|e| KasError::GitlabUnavailable(e.to_string()))?;
+        let jwt = mint_jwt(&self.secret, KAS_ISSUER, GITLAB_AUDIENCE, API_JWT_TTL)?;
+        let mut authorization = http::HeaderValue::try_from(format!("Bearer {token}"))
+            .map_err(|_| KasError::Unauthenticated("malformed agent token".into()))?;
+        authorization.set_sensitive(true);
+        let response = self
+            .http
+            .get(&self.agent_info_url)
+            .header(http::header::AUTHORIZATION, authorization)
+            .header(API_REQUEST_HEADER, jwt)
+            .send()
+            .await
+            .map_err(|e| unavailable(&e))?;
+        let status = response.status();
+        match status {
+            http::StatusCode::OK => {}
+            http::StatusCode::UNAUTHORIZED => {
+                return Err(KasError::Unauthenticated("invalid agent token (GitLab answered 401 Unauthorized)".into()));
+            }
+            http::StatusCode::FORBIDDEN => {
+                return Err(KasError::PermissionDenied(
+                    "the agent token is not allowed to connect (GitLab answered 403 Forbidden)".into(),
+                ));
+            }
+            other => {
+                tracing::warn!(status = %other, "GitLab agent_info failed");
+                return Err(KasError::GitlabUnavailable(format!("agent_info answered HTTP {other}")));
+            }
+        }
+        if response.content_length().is_some_and(|n| n > MAX_RESPONSE_BYTES as u64) {
+            return Err(KasError::GitlabUnavailable("agent_info response is too large".into()));
+        }
+        let body = response.bytes().await.map_err(|e| unavailable(&e))?;
+        if body.len() > MAX_RESPONSE_BYTES {
+            return Err(KasError::GitlabUnavailable("agent_info response is too large".into()));
+        }
+        let info: AgentInfo = serde_json::from_slice(&body)
+            .map_err(|e| KasError::GitlabUnavailable(format!("invalid agent_info response: {e}")))?;
+        if info.agent_id <= 0 || info.project_id <= 0 {
+            return Err(KasError::GitlabUnavailable(format!(
+                "invalid agent_info response: agent_id {} and project_id {} must be positive",
+                info.agent_id, info.project_id
+            )));
+        }
+        Ok(info)
+    }
+}
+
+/// UNAVAILABLE with the reason of a failed request (no URL, no headers: never the token).
+fn unavailable(e: &reqwest::Error) -> KasError {
+    let reason = if e.is_timeout() {
+        "request to GitLab timed out".to_owned()
+    } else if e.is_connect() {
+        "cannot connect to GitLab".to_owned()
+    } else {
+        "request to GitLab failed".to_owned()
+    };
+    // The innermost cause (e.g. "Connection refused (os error 111)") helps operators.
+    let mut cause: &dyn std::error::Error = e;
+    while let Some(next) = cause.source() {
+        cause = next;
+    }
+    tracing::warn!(reason, cause = %cause, "GitLab agent_info failed");
+    KasError::GitlabUnavailable(format!("{reason}: {cause}"))
+}
+
+/// The [`TokenVerifier`] of GitLab mode: [`GitlabClient`] behind a per-token cache.
+#[derive(Debug)]
+pub struct GitlabVerifier {
+    client: Arc<GitlabClient>,
+    cache: TtlCache<AgentInfo>,
+}
+
+impl GitlabVerifier {
+    pub fn new(config: &GitlabConfig, address: &str, secret: Secret) -> Result<Self, GitlabSetupError> {
+        let c = &config.agent_info_cache;
+        Ok(Self {
+            client: Arc::new(GitlabClient::new(config, address, secret)?),
+            cache: TtlCache::new(c.ttl, c.error_ttl, c.max_entries),
+        })
+    }
+
+    /// The agent info of `token`, from the cache or from GitLab.
+    pub async fn agent_info(&self, token: &str) -> Result<AgentInfo, KasError> {
+        let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        self.cache.get_or_fetch(key, || self.client.agent_info(token)).await
+    }
+}
+
+#[async_trait]
+impl TokenVerifier for GitlabVerifier {
+    async fn verify(&self, token: &str) -> Result<AgentIdentity, KasError> {
+        Ok(self.agent_info(token).await?.identity())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_documented_response_and_ignores_new_fields() {
+        let body = r#"{
+            "project_id": 7, "agent_id": 3, "agent_name": "prod",
+            "gitaly_info": {"address": "tcp://gitaly:8075", "token": "gitaly-secret", "features": {}},
+            "gitaly_repository": {"storage_name": "default", "relative_path": "@hashed/aa/bb.git",
+                "gl_repository": "project-7", "gl_project_path": "group/agents"},
+            "default_branch": "main", "some_future_field": [1, 2]
+        }"#;
+        let info: AgentInfo = serde_json::from_str(body).unwrap();
+        assert_eq!(
+            info.identity(),
+            AgentIdentity { agent_id: AgentId(3), name: "prod".into(), project_id: ProjectId(7) }
+        );
+        assert_eq!(info.default_branch, "main");
+        assert_eq!(info.gitaly_repository.unwrap().gl_project_path, "group/agents");
+        assert!(!format!("{:?}", info.gitaly_info).contains("gitaly-secret"), "the Gitaly token is not kept");
+    }
+
+    #[tokio::test]
+    async fn unreachable_gitlab_is_unavailable_and_the_cache_key_is_a_hash() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = format!("http://{}", listener.local_addr().unwrap());
+        drop(listener);
+        let v = GitlabVerifier::new(&GitlabConfig::default(), &address, Secret::generate()).unwrap();
+        let token = "agent-token-never-logged";
+        let e = v.verify(token).await.unwrap_err();
+        assert_eq!(e.grpc_code(), tonic::Code::Unavailable, "{e}");
+        assert!(e.to_string().contains("cannot connect to GitLab"), "{e}");
+        assert!(!e.to_string().contains(token));
+        let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        assert!(v.cache.contains(&key));
+        assert_eq!(v.cache.len(), 1);
+    }
+}

@@ -1,0 +1,112 @@
+//! Prometheus metrics of kas. Names are stable and label sets bounded: no agent or connection ids
+//! as labels (they are unbounded); methods are the few tunnel method names.
+//!
+//! The recorder is process-wide (one kas per process in production; in-process tests that run
+//! several kas see their sum).
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+use crate::tunnel::TunnelStats;
+
+pub const ROUTED: &str = "kas_routed_requests_total";
+pub const ROUTE_DURATION: &str = "kas_route_duration_seconds";
+pub const PEER_ERRORS: &str = "kas_peer_forward_errors_total";
+pub const REGISTRY_OPERATIONS: &str = "kas_registry_operations_total";
+pub const REGISTRY_ERRORS: &str = "kas_registry_errors_total";
+pub const CONNECTIONS: &str = "kas_agent_connections";
+pub const IDLE_TUNNELS: &str = "kas_idle_tunnels";
+pub const WAITING_REQUESTS: &str = "kas_waiting_requests";
+pub const BUILD_INFO: &str = "kas_build_info";
+
+/// How a routed request ended (the `outcome` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouteOutcome {
+    /// An idle local tunnel at once.
+    Local,
+    /// Through another kas at once.
+    Peer,
+    /// After waiting for the agent (locally or through a peer).
+    Waited,
+    /// The wait ended without a tunnel (agent not connected, busy, or the caller's deadline).
+    TimedOut,
+    /// Anything else (bad request, shutting down, peer failure).
+    Failed,
+}
+
+impl RouteOutcome {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Local => "local",
+            Self::Peer => "peer",
+            Self::Waited => "waited",
+            Self::TimedOut => "timed_out",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+/// The process's Prometheus handle, installing the recorder on first use.
+pub fn handle() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let handle = match PrometheusBuilder::new()
+            .set_buckets(&[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0])
+            .and_then(|b| b.install_recorder())
+        {
+            Ok(h) => h,
+            // Another recorder is installed (an embedding program): render an empty registry.
+            Err(_) => PrometheusBuilder::new().build_recorder().handle(),
+        };
+        describe();
+        metrics::gauge!(BUILD_INFO, "version" => crate::VERSION, "commit" => crate::COMMIT).set(1.0);
+        handle
+    })
+}
+
+fn describe() {
+    metrics::describe_counter!(ROUTED, "Requests routed to an agent, by tunnel method and outcome");
+    metrics::describe_histogram!(
+        ROUTE_DURATION,
+        metrics::Unit::Seconds,
+        "Time from a request arriving to its tunnel being found (includes waiting for the agent)"
+    );
+    metrics::describe_counter!(PEER_ERRORS, "kas -> kas forwards that failed, by reason (not_here, unavailable)");
+    metrics::describe_counter!(REGISTRY_OPERATIONS, "Registry operations, by operation");
+    metrics::describe_counter!(REGISTRY_ERRORS, "Registry operations that failed (e.g. Redis errors), by operation");
+    metrics::describe_gauge!(CONNECTIONS, "Agent connections (GetConfiguration streams) held by this kas");
+    metrics::describe_gauge!(IDLE_TUNNELS, "Idle tunnels held by this kas");
+    metrics::describe_gauge!(WAITING_REQUESTS, "Requests waiting for a tunnel on this kas");
+    metrics::describe_gauge!(BUILD_INFO, "Always 1; labels carry the version and commit");
+}
+
+pub fn routed(method: &str, outcome: RouteOutcome, took: Duration) {
+    // Methods are the few tunnel method names agentk advertises; anything else is one bucket.
+    let method = match method {
+        kas_proto::get_pods::METHOD => "get_pods",
+        kas_proto::kubernetes_api::METHOD => "kubernetes_api",
+        _ => "other",
+    };
+    metrics::counter!(ROUTED, "method" => method, "outcome" => outcome.label()).increment(1);
+    metrics::histogram!(ROUTE_DURATION, "method" => method).record(took.as_secs_f64());
+}
+
+pub fn peer_error(reason: &'static str) {
+    metrics::counter!(PEER_ERRORS, "reason" => reason).increment(1);
+}
+
+pub fn registry_operation(operation: &'static str, ok: bool) {
+    metrics::counter!(REGISTRY_OPERATIONS, "operation" => operation).increment(1);
+    if !ok {
+        metrics::counter!(REGISTRY_ERRORS, "operation" => operation).increment(1);
+    }
+}
+
+/// Sets the gauges that describe this kas's tunnels (at scrape time).
+pub fn set_tunnel_gauges(stats: &TunnelStats) {
+    metrics::gauge!(CONNECTIONS).set(stats.connections as f64);
+    metrics::gauge!(IDLE_TUNNELS).set(stats.idle_tunnels as f64);
+    metrics::gauge!(WAITING_REQUESTS).set(stats.waiting_requests as f64);
+}

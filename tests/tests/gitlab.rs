@@ -1,0 +1,177 @@
+//! GitLab mode: agent tokens verified by (a fake) GitLab's internal API, cached, rate limited.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
+use std::time::Duration;
+
+use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use kas::auth::Secret;
+use kas_e2e::{Cluster, eventually};
+use kas_proto::kas::GetPodsRequest;
+use kas_proto::tunnel::pb::agent_tunnel_client::AgentTunnelClient;
+use kas_proto::tunnel::pb::{ConfigurationRequest, ConfigurationResponse};
+use tonic::Code;
+
+/// Opens a presence stream (GetConfiguration) with `token`, as agentk does, on kas 0.
+async fn presence(c: &Cluster, token: &str) -> Result<tonic::Streaming<ConfigurationResponse>, tonic::Status> {
+    let mut client = AgentTunnelClient::new(kas_e2e::cluster::channel(c.kas[0].addresses.agent));
+    let connection_id = i64::from(rand::random::<u32>()) + 1;
+    let mut r = tonic::Request::new(ConfigurationRequest { connection_id, ..Default::default() });
+    r.metadata_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
+    client.get_configuration(r).await.map(tonic::Response::into_inner)
+}
+
+fn gitlab(c: &Cluster) -> &kas_e2e::FakeGitlab {
+    c.gitlab.as_ref().unwrap()
+}
+
+#[tokio::test]
+async fn agent_verified_by_gitlab_serves_get_pods_and_is_cached() {
+    let c = Cluster::builder().gitlab().start().await;
+    assert!(c.config.agents.static_file.is_none(), "no static agents file in GitLab mode");
+    c.kube.add_pod("default", "web-1");
+    let a = c.start_agentk(1, 0, "agentk-0").await;
+    let pods = c.api(0).get_pods(GetPodsRequest { agent_id: 1, connection_id: 0 }).await.unwrap().into_inner().pods;
+    assert_eq!(pods.len(), 1);
+    // Presence and every tunnel authenticated; they shared one GitLab request.
+    assert_eq!(gitlab(&c).requests(), 1);
+    assert_eq!(gitlab(&c).jwt_rejections(), 0);
+
+    // A second connection of the same agent within the TTL: no new GitLab request.
+    let b = c.start_agentk(1, 0, "agentk-1").await;
+    assert_ne!(a.connection_id(), b.connection_id());
+    presence(&c, &c.agent(1).token).await.unwrap();
+    assert_eq!(gitlab(&c).requests(), 1);
+
+    // A token GitLab does not know.
+    let e = presence(&c, "not-a-token").await.unwrap_err();
+    assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+    assert!(e.message().contains("invalid agent token"), "{e:?}");
+    assert!(!e.message().contains("not-a-token"));
+    assert_eq!(gitlab(&c).requests(), 2);
+}
+
+#[tokio::test]
+async fn concurrent_verifications_of_one_token_make_one_gitlab_request() {
+    let c = Cluster::builder().gitlab().start().await;
+    gitlab(&c).set_delay(Duration::from_millis(300));
+    let token = c.agent(1).token.clone();
+    let streams = futures::future::join_all((0..20).map(|_| presence(&c, &token))).await;
+    for s in streams {
+        s.unwrap();
+    }
+    assert_eq!(gitlab(&c).requests(), 1);
+}
+
+#[tokio::test]
+async fn revoked_token_is_rejected_after_the_cache_ttl() {
+    let c = Cluster::builder()
+        .gitlab()
+        .configure(|config, _| {
+            config.gitlab.agent_info_cache.ttl = Duration::from_millis(500);
+            config.gitlab.agent_info_cache.error_ttl = Duration::from_millis(500);
+        })
+        .start()
+        .await;
+    let _a = c.start_agentk(1, 0, "agentk-0").await;
+    let token = c.agent(1).token.clone();
+    presence(&c, &token).await.unwrap();
+    gitlab(&c).revoke(&token);
+    eventually!(
+        presence(&c, &token).await.is_err_and(|e| e.code() == Code::Unauthenticated),
+        "the revoked token is rejected once its cache entry expired"
+    );
+    // And a new agentk with it never becomes ready.
+    let b = c.start_agentk_with(c.agentk_config(1, 0, "agentk-1")).await;
+    let mut attempts = b.status.failed_attempts.clone();
+    attempts.wait_for(|n| *n >= 1).await.unwrap();
+    assert!(!b.status.is_ready());
+}
+
+#[tokio::test]
+async fn forbidden_token_is_permission_denied() {
+    let c = Cluster::builder().gitlab().start().await;
+    gitlab(&c).forbid(&c.agent(1).token);
+    let e = presence(&c, &c.agent(1).token).await.unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    assert!(e.message().contains("403"), "{e:?}");
+}
+
+#[tokio::test]
+async fn failing_gitlab_is_unavailable_and_errors_are_cached_briefly() {
+    let c = Cluster::builder().agents(&[(1, 10), (2, 10)]).gitlab().start().await;
+    gitlab(&c).fail_with(Some(axum::http::StatusCode::INTERNAL_SERVER_ERROR));
+    let e = presence(&c, &c.agent(1).token).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert!(e.message().contains("GitLab is unavailable: agent_info answered HTTP 500"), "{e:?}");
+    gitlab(&c).fail_with(None);
+    presence(&c, &c.agent(2).token).await.unwrap();
+    // Agent 1's failure is remembered for gitlab.agent_info_cache.error_ttl (10 s by default).
+    let before = gitlab(&c).requests();
+    assert_eq!(presence(&c, &c.agent(1).token).await.unwrap_err().code(), Code::Unavailable);
+    assert_eq!(gitlab(&c).requests(), before);
+}
+
+#[tokio::test]
+async fn unreachable_gitlab_is_unavailable() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let c = Cluster::builder().gitlab().configure(move |config, _| config.gitlab.address = Some(address)).start().await;
+    let e = presence(&c, &c.agent(1).token).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert!(e.message().contains("cannot connect to GitLab"), "{e:?}");
+    assert!(!e.message().contains(&c.agent(1).token));
+}
+
+#[tokio::test]
+async fn kas_signing_with_the_wrong_secret_is_rejected_by_gitlab() {
+    let c = Cluster::builder()
+        .gitlab()
+        .configure(|config, dir| {
+            let other = dir.join("other-gitlab-secret");
+            std::fs::write(&other, Secret::generate().to_file_text()).unwrap();
+            config.gitlab.authentication_secret_file = Some(other);
+        })
+        .start()
+        .await;
+    let e = presence(&c, &c.agent(1).token).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+    assert_eq!(gitlab(&c).jwt_rejections(), 1);
+}
+
+/// The fake applies GitLab's rules to the `Gitlab-Kas-Api-Request` JWT (so the tests above
+/// prove kas follows them): each wrong claim is a 401.
+#[tokio::test]
+async fn fake_gitlab_checks_the_kas_jwt_like_gitlab() {
+    let secret = Secret::generate();
+    let fake = kas_e2e::FakeGitlab::start(&secret).await;
+    let agent = kas_e2e::fake_gitlab::GitlabAgent { agent_id: 3, project_id: 7, name: "a".into() };
+    fake.add_agent("tok", agent);
+    let now = jsonwebtoken::get_current_timestamp();
+    let jwt = |alg: Algorithm, key: &Secret, iss: &str, aud: &str, exp: u64| {
+        let claims = serde_json::json!({ "iss": iss, "aud": aud, "iat": now, "exp": exp });
+        jsonwebtoken::encode(&Header::new(alg), &claims, &EncodingKey::from_secret(key.bytes())).unwrap()
+    };
+    let http = reqwest::Client::new();
+    let call = |jwt: Option<String>| {
+        let mut r = http
+            .get(format!("{}/api/v4/internal/kubernetes/agent_info", fake.url()))
+            .header("authorization", "Bearer tok");
+        if let Some(jwt) = jwt {
+            r = r.header("Gitlab-Kas-Api-Request", jwt);
+        }
+        async move { r.send().await.unwrap().status().as_u16() }
+    };
+    let good = jwt(Algorithm::HS256, &secret, "gitlab-kas", "gitlab", now + 5);
+    assert_eq!(call(Some(good)).await, 200);
+    assert_eq!(call(Some(jwt(Algorithm::HS256, &secret, "gitlab", "gitlab", now + 5))).await, 401);
+    assert_eq!(call(Some(jwt(Algorithm::HS256, &secret, "gitlab-kas", "gitlab-kas", now + 5))).await, 401);
+    assert_eq!(call(Some(jwt(Algorithm::HS256, &Secret::generate(), "gitlab-kas", "gitlab", now + 5))).await, 401);
+    assert_eq!(call(Some(jwt(Algorithm::HS256, &secret, "gitlab-kas", "gitlab", now - 60))).await, 401);
+    assert_eq!(call(Some(jwt(Algorithm::HS512, &secret, "gitlab-kas", "gitlab", now + 5))).await, 401);
+    assert_eq!(call(None).await, 401);
+    assert_eq!(fake.jwt_rejections(), 6);
+    // And kas's own minting passes.
+    let kas_jwt = kas::auth::mint_jwt(&secret, "gitlab-kas", "gitlab", Duration::from_secs(5)).unwrap();
+    assert_eq!(call(Some(kas_jwt)).await, 200);
+}

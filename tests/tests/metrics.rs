@@ -1,0 +1,54 @@
+//! kas's observability listener: /livez, /readyz (Redis reachability), and Prometheus /metrics
+//! with routing, tunnel and registry figures. One test function: the metrics recorder is
+//! process-wide, so parallel tests in this binary would mix their counts.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
+use kas_e2e::{Cluster, eventually};
+use kas_proto::kas::GetPodsRequest;
+
+async fn get(url: &str) -> (u16, String) {
+    let r = reqwest::get(url).await.unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+/// The value of a sample line `name{labels} value` (labels in the exporter's order).
+fn sample(metrics: &str, name_and_labels: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| l.strip_prefix(name_and_labels)?.trim().parse().ok())
+}
+
+#[tokio::test]
+async fn health_and_metrics() {
+    let mut c = Cluster::builder().redis().kas(2).start().await;
+    let obs = |c: &Cluster, k: usize| format!("http://{}", c.kas[k].addresses.observability);
+    assert_eq!(get(&format!("{}/livez", obs(&c, 0))).await.0, 200);
+    assert_eq!(get(&format!("{}/readyz", obs(&c, 0))).await, (200, "ok\n".to_owned()));
+
+    let _a = c.start_agentk(1, 0, "agentk-0").await;
+    c.api(0).get_pods(GetPodsRequest { agent_id: 1, connection_id: 0 }).await.unwrap();
+    c.api(1).get_pods(GetPodsRequest { agent_id: 1, connection_id: 0 }).await.unwrap();
+
+    let (status, metrics) = get(&format!("{}/metrics", obs(&c, 0))).await;
+    assert_eq!(status, 200);
+    let local = sample(&metrics, r#"kas_routed_requests_total{method="get_pods",outcome="local"}"#);
+    let peer = sample(&metrics, r#"kas_routed_requests_total{method="get_pods",outcome="peer"}"#);
+    assert!(local.is_some_and(|v| v >= 1.0), "{metrics}");
+    assert!(peer.is_some_and(|v| v >= 1.0), "{metrics}");
+    assert!(metrics.contains("kas_route_duration_seconds_bucket"), "{metrics}");
+    // Gauges of this kas (kas 0 holds the agent's connection and its idle tunnels).
+    assert_eq!(sample(&metrics, "kas_agent_connections"), Some(1.0), "{metrics}");
+    assert!(sample(&metrics, "kas_idle_tunnels").is_some_and(|v| v >= 1.0), "{metrics}");
+    assert!(metrics.contains(&format!(r#"kas_build_info{{version="{}""#, kas::VERSION)), "{metrics}");
+    assert!(sample(&metrics, r#"kas_registry_operations_total{operation="register"}"#).is_some(), "{metrics}");
+    // No unbounded labels: agent and connection ids never appear.
+    assert!(!metrics.contains("agent_id") && !metrics.contains("connection_id"), "{metrics}");
+
+    // Redis down: not ready (and the failures are counted); back: ready again.
+    c.redis.as_mut().unwrap().stop().await;
+    let url = format!("{}/readyz", obs(&c, 0));
+    eventually!(get(&url).await.0 == 503, "not ready while Redis is down");
+    assert!(get(&url).await.1.contains("registry unavailable"));
+    c.redis.as_mut().unwrap().start_again().await;
+    eventually!(get(&url).await.0 == 200, "ready again once Redis is back");
+    let (_, metrics) = get(&format!("{}/metrics", obs(&c, 0))).await;
+    assert!(metrics.contains("kas_registry_errors_total"), "{metrics}");
+}
