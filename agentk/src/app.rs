@@ -134,6 +134,8 @@ impl App {
     /// Validates the configuration, reads the token, builds the Kubernetes client and binds the
     /// observability listener (so a bad or busy address fails startup, not a probe later).
     pub async fn new(config: AgentConfig) -> Result<Self, AgentError> {
+        // Installed before anything is recorded (metrics recorded without a recorder are lost).
+        crate::metrics::handle();
         config.validate()?;
         let token_text = read_file("token file", &config.token_file)?;
         let token = String::from_utf8_lossy(&token_text).trim().to_owned();

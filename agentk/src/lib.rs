@@ -3,6 +3,7 @@
 pub mod app;
 pub mod backoff;
 pub mod config;
+pub mod metrics;
 pub mod modules;
 pub mod observability;
 pub mod pool;

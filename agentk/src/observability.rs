@@ -28,7 +28,15 @@ pub async fn bind(address: SocketAddr) -> Result<TcpListener, AgentError> {
 
 /// The probe endpoints, answering from `status`.
 pub fn router(status: Status) -> Router {
-    Router::new().route(LIVEZ_PATH, get(livez)).route(READYZ_PATH, get(readyz)).with_state(status)
+    Router::new()
+        .route(LIVEZ_PATH, get(livez))
+        .route(READYZ_PATH, get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(status)
+}
+
+async fn metrics(State(status): State<Status>) -> ([(axum::http::header::HeaderName, &'static str); 1], String) {
+    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], crate::metrics::render(&status))
 }
 
 async fn livez() -> &'static str {
@@ -100,6 +108,29 @@ mod tests {
         let code = response.status();
         let body = axum::body::to_bytes(response.into_body(), 1 << 16).await.unwrap();
         (code, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    #[tokio::test]
+    async fn metrics_report_tunnels_connection_and_requests() {
+        crate::metrics::handle();
+        let f = fake();
+        f.connected.send_replace(Some(ConnectionId(7)));
+        f.pool.send_replace(PoolStats { idle: 3, in_use: 2 });
+        crate::metrics::request("get_pods", true);
+        crate::metrics::request("kubernetes_api", false);
+        let (code, body) = get(&f.status, "GET", "/metrics").await;
+        assert_eq!(code, StatusCode::OK);
+        for expected in [
+            r#"agentk_tunnels{state="idle"} 3"#,
+            r#"agentk_tunnels{state="in_use"} 2"#,
+            "agentk_connected 1",
+            r#"agentk_requests_total{module="get_pods",outcome="ok"}"#,
+            r#"agentk_requests_total{module="kubernetes_api",outcome="error"}"#,
+            "agentk_build_info{",
+        ] {
+            assert!(body.contains(expected), "{expected} missing from:\n{body}");
+        }
+        assert!(!body.contains("connection_id"), "no unbounded labels");
     }
 
     #[tokio::test]

@@ -56,6 +56,7 @@ impl super::Module for GetPods {
             Ok(Bytes::from(response.encode_to_vec()))
         }
         .await;
+        crate::metrics::request("get_pods", result.is_ok());
         if let Err(status) = &result {
             tracing::warn!(error = %status.message(), "GetPods failed");
         }

@@ -157,6 +157,7 @@ impl KubernetesApi {
         *http_request.headers_mut() = headers;
         tracing::debug!(method = %head.method, path = %head.path, upgrade, "proxying to the Kubernetes API");
 
+        let started = std::time::Instant::now();
         let call = self.service.clone().oneshot(http_request);
         tokio::pin!(call);
         let mut body_tx = (!upgrade).then_some(body_tx);
@@ -171,6 +172,7 @@ impl KubernetesApi {
             }
         }
         .map_err(|e| Status::unavailable(format!("Kubernetes API unreachable: {e}")))?;
+        crate::metrics::api_server_latency(started.elapsed());
         responder.header(Default::default()).await?;
         responder.message(HttpFrame::response_head(response_head(&response)).to_bytes()).await?;
         if response.status() == http::StatusCode::SWITCHING_PROTOCOLS {
@@ -268,7 +270,9 @@ impl super::Module for KubernetesApi {
     }
 
     async fn handle(&self, request: &mut TunnelRequest, responder: &Responder) {
-        if let Err(status) = self.exchange(request, responder).await {
+        let result = self.exchange(request, responder).await;
+        crate::metrics::request("kubernetes_api", result.is_ok());
+        if let Err(status) = result {
             tracing::debug!(code = ?status.code(), error = %status.message(), "Kubernetes API exchange failed");
             // Before the response head kas answers with an error; after it, kas aborts.
             let _ = responder.error(&status).await;

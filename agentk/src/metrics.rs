@@ -1,0 +1,62 @@
+//! Prometheus metrics of agentk, served at `/metrics` on the observability listener. Label sets
+//! are bounded (module names and outcomes, never ids).
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+use crate::app::Status;
+
+pub const TUNNELS: &str = "agentk_tunnels";
+pub const CONNECTED: &str = "agentk_connected";
+pub const FAILED_CONNECTION_ATTEMPTS: &str = "agentk_failed_connection_attempts_total";
+pub const REQUESTS: &str = "agentk_requests_total";
+pub const API_SERVER_LATENCY: &str = "agentk_api_server_response_seconds";
+pub const BUILD_INFO: &str = "agentk_build_info";
+
+/// The process's Prometheus handle, installing the recorder on first use (at startup).
+pub fn handle() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let handle = match PrometheusBuilder::new()
+            .set_buckets(&[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0])
+            .and_then(|b| b.install_recorder())
+        {
+            Ok(h) => h,
+            // Another recorder is installed (several agentk in one test process): render an
+            // empty registry rather than fail.
+            Err(_) => PrometheusBuilder::new().build_recorder().handle(),
+        };
+        metrics::describe_gauge!(TUNNELS, "Tunnels to kas, by state (idle, in_use)");
+        metrics::describe_gauge!(CONNECTED, "1 while connected to kas (presence stream open)");
+        metrics::describe_counter!(FAILED_CONNECTION_ATTEMPTS, "Connection attempts to kas that failed");
+        metrics::describe_counter!(REQUESTS, "Requests served through tunnels, by module and outcome (ok, error)");
+        metrics::describe_histogram!(
+            API_SERVER_LATENCY,
+            metrics::Unit::Seconds,
+            "Time until the Kubernetes API server's response head (proxy requests)"
+        );
+        metrics::describe_gauge!(BUILD_INFO, "Always 1; labels carry the version and commit");
+        metrics::gauge!(BUILD_INFO, "version" => crate::VERSION, "commit" => crate::COMMIT).set(1.0);
+        handle
+    })
+}
+
+/// Renders the metrics, with the gauges read from the current status.
+pub fn render(status: &Status) -> String {
+    let pool = *status.pool.borrow();
+    metrics::gauge!(TUNNELS, "state" => "idle").set(pool.idle as f64);
+    metrics::gauge!(TUNNELS, "state" => "in_use").set(pool.in_use as f64);
+    metrics::gauge!(CONNECTED).set(if status.connected.borrow().is_some() { 1.0 } else { 0.0 });
+    metrics::counter!(FAILED_CONNECTION_ATTEMPTS).absolute(*status.failed_attempts.borrow());
+    handle().render()
+}
+
+pub fn request(module: &'static str, ok: bool) {
+    metrics::counter!(REQUESTS, "module" => module, "outcome" => if ok { "ok" } else { "error" }).increment(1);
+}
+
+pub fn api_server_latency(took: Duration) {
+    metrics::histogram!(API_SERVER_LATENCY).record(took.as_secs_f64());
+}
