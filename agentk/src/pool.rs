@@ -202,6 +202,12 @@ async fn open_and_serve(ctx: &PoolContext, events: &mpsc::UnboundedSender<Event>
         }
         _ => return Event::EndedBusy,
     };
+    tracing::debug!(
+        request_id = kas_proto::metadata::request_id(&info.metadata).unwrap_or_default(),
+        method = %info.method,
+        connection_id = %ctx.connection_id,
+        "serving a request"
+    );
     let by_method: HashMap<&str, &Arc<dyn Module>> =
         ctx.modules.iter().flat_map(|m| m.methods().iter().map(move |name| (*name, m))).collect();
     let module = by_method.get(info.method.as_str()).map(|m| (*m).clone());

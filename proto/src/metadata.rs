@@ -13,6 +13,26 @@ pub const HOP_AGENT_ID: &str = "kas-hop-agent-id";
 pub const HOP_CONNECTION_ID: &str = "kas-hop-connection-id";
 pub const HOP_METHOD: &str = "kas-hop-method";
 
+/// The correlation id of a request: the caller's, or one kas makes up. It travels in the
+/// forwarded metadata from the routing kas through the gateway kas to agentk, and every hop logs
+/// it as `request_id`.
+pub const REQUEST_ID: &str = "x-request-id";
+
+/// The request id in tunnel metadata, if any.
+pub fn request_id(md: &HashMap<String, MetadataValues>) -> Option<&str> {
+    md.get(REQUEST_ID).and_then(|v| v.values.first()).map(String::as_str)
+}
+
+/// The request id in tunnel metadata, generated and inserted when the caller sent none.
+pub fn ensure_request_id(md: &mut HashMap<String, MetadataValues>) -> String {
+    if let Some(id) = request_id(md).filter(|id| !id.is_empty()) {
+        return id.to_owned();
+    }
+    let id = format!("{:032x}", rand::random::<u128>());
+    md.insert(REQUEST_ID.to_owned(), MetadataValues { values: vec![id.clone()] });
+    id
+}
+
 /// Caller metadata that kas forwards to agentk. Everything else (routing metadata, the caller's
 /// credentials, transport headers) stays in kas.
 pub const FORWARDED_METADATA: &[&str] = &["x-request-id", "user-agent"];

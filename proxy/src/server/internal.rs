@@ -40,6 +40,10 @@ async fn pipe_requests(mut from_routing: Streaming<ConnectResponse>, to_agent: T
     loop {
         match from_routing.next().await {
             Some(Ok(frame)) => {
+                if let Some(kas_proto::tunnel::pb::connect_response::Msg::RequestInfo(info)) = &frame.msg {
+                    let request_id = kas_proto::metadata::request_id(&info.metadata).unwrap_or_default();
+                    tracing::debug!(%request_id, "forwarding a request to a local tunnel");
+                }
                 if let Err(e) = to_agent.send(frame).await {
                     tracing::debug!(error = %e, "forwarding a request frame failed");
                     return;
@@ -105,16 +109,25 @@ impl KasInternal for InternalService {
         let (to_agent, from_agent) = tunnel.split();
         let (tx, rx) = mpsc::channel(FORWARD_BUFFER);
         let from_routing = request.into_inner();
-        tokio::spawn(async move {
-            // Whichever side ends first ends the exchange: the response is complete, or the
-            // routing kas went away (its caller cancelled) and the agent's tunnel must be
-            // dropped so agentk cancels the API server request. The request side does not end
-            // at CloseSend: it waits for the routing kas to close the stream.
-            tokio::select! {
-                () = pipe_requests(from_routing, to_agent) => {}
-                () = pipe_responses(from_agent, tx) => {}
-            }
-        });
+        let span = tracing::debug_span!(
+            "forward",
+            agent_id = %target.agent_id,
+            connection_id = %target.connection_id,
+            kas = %self.router.registry().instance().instance_id
+        );
+        tokio::spawn(tracing::Instrument::instrument(
+            async move {
+                // Whichever side ends first ends the exchange: the response is complete, or the
+                // routing kas went away (its caller cancelled) and the agent's tunnel must be
+                // dropped so agentk cancels the API server request. The request side does not end
+                // at CloseSend: it waits for the routing kas to close the stream.
+                tokio::select! {
+                    () = pipe_requests(from_routing, to_agent) => {}
+                    () = pipe_responses(from_agent, tx) => {}
+                }
+            },
+            span,
+        ));
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 }

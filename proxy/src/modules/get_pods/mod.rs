@@ -24,14 +24,23 @@ pub async fn get_pods(
     router: &Router,
     scope: Scope,
     request: GetPodsRequest,
-    metadata: HashMap<String, MetadataValues>,
+    mut metadata: HashMap<String, MetadataValues>,
     deadline: Option<Duration>,
 ) -> Result<GetPodsResponse, KasError> {
+    let request_id = kas_proto::metadata::ensure_request_id(&mut metadata);
     let target = Target::new(AgentId(request.agent_id), ConnectionId(request.connection_id), get_pods::METHOD);
     let tunnel = match scope {
         Scope::External => router.route(&target, deadline).await?,
         Scope::LocalOnly => router.route_local(&target, deadline).await?,
     };
+    tracing::debug!(
+        %request_id,
+        agent_id = request.agent_id,
+        connection_id = request.connection_id,
+        kas = %router.registry().instance().instance_id,
+        ?scope,
+        "GetPods routed"
+    );
     let response = tunnel.unary(get_pods::METHOD, metadata, Bytes::from(request.encode_to_vec())).await?;
     GetPodsResponse::decode(response.body)
         .map_err(|e| KasError::Tunnel(format!("agentk sent an invalid GetPods response: {e}")))

@@ -55,15 +55,23 @@ pub async fn start(
     router: &Router,
     agent_id: AgentId,
     connection_id: ConnectionId,
-    metadata: HashMap<String, MetadataValues>,
+    mut metadata: HashMap<String, MetadataValues>,
     mut head: HttpRequestHead,
     deadline: Option<Duration>,
 ) -> Result<Exchange, KasError> {
+    let request_id = kas_proto::metadata::ensure_request_id(&mut metadata);
     if head.method.is_empty() || !head.path.starts_with('/') {
         return Err(KasError::InvalidArgument("the request head needs a method and a path starting with /".into()));
     }
     sanitize_request_head(&mut head);
     let tunnel = router.route(&Target::new(agent_id, connection_id, METHOD), deadline).await?;
+    tracing::debug!(
+        %request_id,
+        agent_id = %agent_id,
+        kas = %router.registry().instance().instance_id,
+        method = %head.method,
+        "Kubernetes API request routed"
+    );
     let (sender, receiver) = tunnel.split();
     sender.send(ConnectResponse::request_info(RequestInfo { method: METHOD.to_owned(), metadata })).await?;
     sender.send(ConnectResponse::message(HttpFrame::request_head(head).to_bytes())).await?;
