@@ -253,6 +253,22 @@ mod tests {
         assert!(!format!("{:?}", info.gitaly_info).contains("gitaly-secret"), "the Gitaly token is not kept");
     }
 
+    #[test]
+    fn ca_file_problems_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = GitlabConfig { ca_cert_file: Some(dir.path().join("missing.pem")), ..Default::default() };
+        let new = |c: &GitlabConfig| GitlabClient::new(c, "https://gitlab.example.com", Secret::generate());
+        let e = new(&config).unwrap_err().to_string();
+        assert!(e.contains("gitlab.ca_cert_file: cannot read") && e.contains("missing.pem"), "{e}");
+        let pem = dir.path().join("ca.pem");
+        std::fs::write(&pem, "not a certificate\n").unwrap();
+        config.ca_cert_file = Some(pem);
+        let e = new(&config).unwrap_err().to_string();
+        assert!(e.contains("holds no usable PEM certificate"), "{e}");
+        config.ca_cert_file = None;
+        new(&config).unwrap();
+    }
+
     #[tokio::test]
     async fn unreachable_gitlab_is_unavailable_and_the_cache_key_is_a_hash() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -81,13 +81,6 @@ impl Target {
     }
 }
 
-/// How a tunnel was found (for logs and metrics).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RouteKind {
-    Local,
-    Peer,
-}
-
 impl Router {
     pub fn new(
         tunnels: TunnelRegistry,
@@ -138,10 +131,10 @@ impl Router {
         // Subscribe before scanning: a connection that appears after the scan wakes us.
         let mut events = self.registry.subscribe();
         if let Some(t) = self.tunnels.find_now(target.query()).await.map_err(|_| KasError::ShuttingDown)? {
-            return Ok((self.routed(target, t.io, RouteKind::Local, started), RouteOutcome::Local));
+            return Ok(self.routed(target, t.io, RouteOutcome::Local, started));
         }
         if let Some(io) = self.try_peers(target, deadline).await? {
-            return Ok((self.routed(target, io, RouteKind::Peer, started), RouteOutcome::Peer));
+            return Ok(self.routed(target, io, RouteOutcome::Peer, started));
         }
         let local = self.tunnels.find(target.query());
         tokio::pin!(local);
@@ -151,7 +144,7 @@ impl Router {
                 biased;
                 t = &mut local => {
                     let t = t.map_err(|_| KasError::ShuttingDown)?;
-                    return Ok((self.routed(target, t.io, RouteKind::Local, started), RouteOutcome::Waited));
+                    return Ok(self.routed(target, t.io, RouteOutcome::Waited, started));
                 }
                 () = tokio::time::sleep_until(deadline) => {
                     return Err(self.explain_timeout(target, started.elapsed(), caller_bound).await);
@@ -169,14 +162,20 @@ impl Router {
                 }
             };
             if rescan && let Some(io) = self.try_peers(target, deadline).await? {
-                return Ok((self.routed(target, io, RouteKind::Peer, started), RouteOutcome::Waited));
+                return Ok(self.routed(target, io, RouteOutcome::Waited, started));
             }
         }
     }
 
-    fn routed(&self, target: &Target, io: TunnelIo, kind: RouteKind, started: Instant) -> TunnelIo {
-        tracing::debug!(agent_id = %target.agent_id, method = %target.method, route = ?kind, waited = ?started.elapsed(), "routed");
-        io
+    fn routed(
+        &self,
+        target: &Target,
+        io: TunnelIo,
+        outcome: RouteOutcome,
+        started: Instant,
+    ) -> (TunnelIo, RouteOutcome) {
+        tracing::debug!(agent_id = %target.agent_id, method = %target.method, ?outcome, waited = ?started.elapsed(), "routed");
+        (io, outcome)
     }
 
     /// Connections of the agent held by other live kas instances, in random order (spreads load
