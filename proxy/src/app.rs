@@ -285,7 +285,8 @@ impl Bound {
         // Installed before anything is recorded (metrics recorded without a recorder are lost).
         crate::metrics::handle();
         let peers = Arc::new(Peers::new(internal_secret.clone()));
-        let router = Router::new(tunnels.clone(), registry.clone(), peers, config.routing.max_wait);
+        let router = Router::new(tunnels.clone(), registry.clone(), peers, config.routing.max_wait)
+            .with_limits(config.routing.max_concurrent_requests, config.routing.max_concurrent_requests_per_agent);
         // Alive before the first agent registers, so peers do not ignore its records.
         if let Err(e) = registry.heartbeat().await {
             tracing::warn!(error = %e, "first registry heartbeat failed; retrying periodically");

@@ -248,11 +248,25 @@ pub struct RoutingConfig {
     /// Longest wait for an agent to connect (the caller's own deadline wins when shorter).
     #[serde(with = "humantime_serde")]
     pub max_wait: Duration,
+    /// Requests (in flight or waiting for their agent) this kas takes at once; more get
+    /// RESOURCE_EXHAUSTED / 429. Watches and log streams count while they stream.
+    pub max_concurrent_requests: usize,
+    /// The same per agent, so one busy agent cannot take all of a kas.
+    pub max_concurrent_requests_per_agent: usize,
 }
+
+/// Enough for busy installations; a bound so that a flood cannot exhaust kas.
+pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 10_000;
+/// agentk opens at most 500 tunnels by default; more requests than that only wait.
+pub const DEFAULT_MAX_CONCURRENT_REQUESTS_PER_AGENT: usize = 500;
 
 impl Default for RoutingConfig {
     fn default() -> Self {
-        Self { max_wait: DEFAULT_MAX_WAIT }
+        Self {
+            max_wait: DEFAULT_MAX_WAIT,
+            max_concurrent_requests: DEFAULT_MAX_CONCURRENT_REQUESTS,
+            max_concurrent_requests_per_agent: DEFAULT_MAX_CONCURRENT_REQUESTS_PER_AGENT,
+        }
     }
 }
 
@@ -468,6 +482,14 @@ impl Config {
                     humantime::format_duration(self.registry.ttl)
                 ),
             });
+        }
+        for (key, v) in [
+            ("routing.max_concurrent_requests", self.routing.max_concurrent_requests),
+            ("routing.max_concurrent_requests_per_agent", self.routing.max_concurrent_requests_per_agent),
+        ] {
+            if v == 0 {
+                return Err(ConfigError::Invalid { key, message: "must be at least 1".into() });
+            }
         }
         if self.registry.heartbeat_period >= self.registry.heartbeat_ttl {
             return Err(ConfigError::Invalid {

@@ -51,6 +51,9 @@ pub enum KasError {
     /// kas is shutting down and takes no new requests.
     #[error("kas is shutting down")]
     ShuttingDown,
+    /// A concurrency limit was reached (the message names it).
+    #[error("{0}")]
+    ResourceExhausted(String),
     /// A bug or an unexpected local failure. The detail is logged, never returned.
     #[error("internal error: {0}")]
     Internal(String),
@@ -76,6 +79,7 @@ impl KasError {
             Self::Tunnel(_) => (Code::Unavailable, S::BAD_GATEWAY),
             Self::Registry(_) => (Code::Unavailable, S::SERVICE_UNAVAILABLE),
             Self::ShuttingDown => (Code::Unavailable, S::SERVICE_UNAVAILABLE),
+            Self::ResourceExhausted(_) => (Code::ResourceExhausted, S::TOO_MANY_REQUESTS),
             Self::Internal(_) => (Code::Internal, S::INTERNAL_SERVER_ERROR),
         }
     }

@@ -45,6 +45,57 @@ pub struct Router {
     registry: Arc<dyn AgentRegistry>,
     peers: Arc<Peers>,
     max_wait: Duration,
+    limits: Arc<Limits>,
+}
+
+/// Concurrency limits: per kas and per agent. Permits are taken before routing (waiting
+/// requests count) and held by the tunnel until the exchange ends.
+struct Limits {
+    kas: Arc<tokio::sync::Semaphore>,
+    kas_max: usize,
+    per_agent: usize,
+    /// Agent -> its semaphore. Locked only for a lookup, never across an await; entries of
+    /// agents with nothing in flight are pruned when the map grows.
+    agents: std::sync::Mutex<std::collections::HashMap<AgentId, Arc<tokio::sync::Semaphore>>>,
+}
+
+/// Pruning of idle per-agent entries starts above this many agents.
+const AGENT_LIMITS_PRUNE_AT: usize = 10_000;
+
+impl Limits {
+    fn new(kas_max: usize, per_agent: usize) -> Self {
+        Self {
+            kas: Arc::new(tokio::sync::Semaphore::new(kas_max)),
+            kas_max,
+            per_agent,
+            agents: std::sync::Mutex::default(),
+        }
+    }
+
+    fn acquire(&self, agent_id: AgentId) -> Result<Vec<tokio::sync::OwnedSemaphorePermit>, KasError> {
+        let agent = {
+            let mut agents = self.agents.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if agents.len() > AGENT_LIMITS_PRUNE_AT {
+                let per_agent = self.per_agent;
+                agents.retain(|_, s| s.available_permits() < per_agent);
+            }
+            agents.entry(agent_id).or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(self.per_agent))).clone()
+        };
+        let kas = self.kas.clone().try_acquire_owned().map_err(|_| {
+            KasError::ResourceExhausted(format!(
+                "kas is at its limit of {} concurrent requests (routing.max_concurrent_requests)",
+                self.kas_max
+            ))
+        })?;
+        let agent = agent.try_acquire_owned().map_err(|_| {
+            KasError::ResourceExhausted(format!(
+                "agent {agent_id} is at its limit of {} concurrent requests on this kas \
+                 (routing.max_concurrent_requests_per_agent)",
+                self.per_agent
+            ))
+        })?;
+        Ok(vec![kas, agent])
+    }
 }
 
 /// Where a call must go.
@@ -88,7 +139,17 @@ impl Router {
         peers: Arc<Peers>,
         max_wait: Duration,
     ) -> Self {
-        Self { tunnels, registry, peers, max_wait }
+        let limits = Arc::new(Limits::new(
+            crate::config::DEFAULT_MAX_CONCURRENT_REQUESTS,
+            crate::config::DEFAULT_MAX_CONCURRENT_REQUESTS_PER_AGENT,
+        ));
+        Self { tunnels, registry, peers, max_wait, limits }
+    }
+
+    /// Sets the concurrency limits (per kas, per agent).
+    pub fn with_limits(mut self, max_concurrent: usize, max_concurrent_per_agent: usize) -> Self {
+        self.limits = Arc::new(Limits::new(max_concurrent.max(1), max_concurrent_per_agent.max(1)));
+        self
     }
 
     /// How long to wait, and whether the caller's deadline (not ours) is the limit.
@@ -104,7 +165,13 @@ impl Router {
     /// Finds a tunnel for an external call (GitLab, REST): local, via a peer, or after waiting.
     pub async fn route(&self, target: &Target, caller_deadline: Option<Duration>) -> Result<TunnelIo, KasError> {
         let started = Instant::now();
-        let result = self.route_inner(target, caller_deadline, started).await;
+        let result = match self.limits.acquire(target.agent_id) {
+            Ok(permits) => self.route_inner(target, caller_deadline, started).await.map(|(io, outcome)| {
+                io.hold(permits);
+                (io, outcome)
+            }),
+            Err(e) => Err(e),
+        };
         let outcome = match &result {
             Ok((_, kind)) => *kind,
             Err(

@@ -75,7 +75,14 @@ pub struct TunnelIo {
 pub struct TunnelSender {
     out: Outbound,
     order: SharedOrder,
-    _done: Arc<DropGuard>,
+    _lifetime: Arc<Lifetime>,
+}
+
+/// What lives as long as either half of a tunnel: the "done" signal for the tunnel registry
+/// and the concurrency permits of the request using it.
+struct Lifetime {
+    _done: DropGuard,
+    permits: Mutex<Vec<tokio::sync::OwnedSemaphorePermit>>,
 }
 
 /// Receives response frames (Header, Message, Trailer | Error).
@@ -83,7 +90,7 @@ pub struct TunnelReceiver {
     from: BoxStream<'static, Result<ConnectRequest, Status>>,
     out: Outbound,
     order: SharedOrder,
-    _done: Arc<DropGuard>,
+    _lifetime: Arc<Lifetime>,
 }
 
 impl std::fmt::Debug for TunnelIo {
@@ -140,15 +147,21 @@ impl TunnelIo {
         done: CancellationToken,
     ) -> Self {
         let order = Arc::new(Mutex::new(order));
-        let done = Arc::new(done.drop_guard());
+        let lifetime = Arc::new(Lifetime { _done: done.drop_guard(), permits: Mutex::default() });
         Self {
-            sender: TunnelSender { out: out.clone(), order: order.clone(), _done: done.clone() },
-            receiver: TunnelReceiver { from, out, order, _done: done },
+            sender: TunnelSender { out: out.clone(), order: order.clone(), _lifetime: lifetime.clone() },
+            receiver: TunnelReceiver { from, out, order, _lifetime: lifetime },
         }
     }
 
     pub fn is_closed(&self) -> bool {
         self.sender.out.is_closed()
+    }
+
+    /// Keeps concurrency permits until the tunnel (both halves) is dropped: a streaming request
+    /// counts against the limits for as long as it streams.
+    pub fn hold(&self, permits: Vec<tokio::sync::OwnedSemaphorePermit>) {
+        self.sender._lifetime.permits.lock().unwrap_or_else(PoisonError::into_inner).extend(permits);
     }
 
     pub fn split(self) -> (TunnelSender, TunnelReceiver) {

@@ -51,6 +51,7 @@ pub fn kubernetes_status(e: &KasError) -> Response {
         http::StatusCode::NOT_FOUND => "NotFound",
         http::StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailable",
         http::StatusCode::GATEWAY_TIMEOUT => "Timeout",
+        http::StatusCode::TOO_MANY_REQUESTS => "TooManyRequests",
         _ => "InternalError",
     };
     let body = serde_json::json!({
