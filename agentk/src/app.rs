@@ -30,6 +30,8 @@ const HEALTHY_AFTER: Duration = Duration::from_secs(30);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// After a connection ended, how long idle tunnels wait for kas to close them.
+const IDLE_LINGER: Duration = Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -72,7 +74,8 @@ impl Status {
 pub struct App {
     config: AgentConfig,
     token: Arc<str>,
-    channel: Channel,
+    /// One lazily connected channel per kas address, in `--kas-address` order.
+    channels: Vec<(String, Channel)>,
     modules: Arc<[Arc<dyn Module>]>,
     observer: Option<ConfigurationObserver>,
     connected: watch::Sender<Option<ConnectionId>>,
@@ -102,11 +105,11 @@ fn read_file(what: &'static str, path: &std::path::Path) -> Result<Vec<u8>, Agen
     std::fs::read(path).map_err(|source| AgentError::ReadFile { what, path: path.display().to_string(), source })
 }
 
-fn endpoint(config: &AgentConfig) -> Result<Endpoint, AgentError> {
-    let bad = |message: String| AgentError::KasAddress { address: config.kas_address.clone(), message };
-    let (uri, tls) = if let Some(rest) = config.kas_address.strip_prefix("grpcs://") {
+fn endpoint(config: &AgentConfig, address: &str) -> Result<Endpoint, AgentError> {
+    let bad = |message: String| AgentError::KasAddress { address: address.to_owned(), message };
+    let (uri, tls) = if let Some(rest) = address.strip_prefix("grpcs://") {
         (format!("https://{rest}"), true)
-    } else if let Some(rest) = config.kas_address.strip_prefix("grpc://") {
+    } else if let Some(rest) = address.strip_prefix("grpc://") {
         (format!("http://{rest}"), false)
     } else {
         return Err(bad("expected grpc:// or grpcs://".into()));
@@ -142,7 +145,11 @@ impl App {
         if token.is_empty() {
             return Err(AgentError::EmptyToken(config.token_file.display().to_string()));
         }
-        let channel = endpoint(&config)?.connect_lazy();
+        let channels = config
+            .kas_addresses()
+            .into_iter()
+            .map(|address| Ok((address.to_owned(), endpoint(&config, address)?.connect_lazy())))
+            .collect::<Result<Vec<_>, AgentError>>()?;
         let kube = kube_config(&config.kube).await?;
         let modules = modules::all(&kube).map_err(|e| AgentError::Kube(e.to_string()))?;
         let observability = crate::observability::bind(config.observability_address).await?;
@@ -152,7 +159,7 @@ impl App {
         Ok(Self {
             config,
             token: token.into(),
-            channel,
+            channels,
             modules: modules.into(),
             observer: None,
             connected: watch::channel(None).0,
@@ -196,9 +203,16 @@ impl App {
         let in_flight = TaskTracker::new();
         let mut backoff = Backoff::new(RECONNECT_BASE, RECONNECT_CAP);
         let mut last_commit = String::new();
-        while !shutdown.is_cancelled() {
+        // Each new connection goes to the next kas address: when a kas ends the connection
+        // (draining for a restart, or the connection reached its maximum age) or fails, agentk
+        // moves to another replica rather than waiting for the same one.
+        for attempt in 0usize.. {
+            if shutdown.is_cancelled() {
+                break;
+            }
+            let (address, channel) = &self.channels[attempt % self.channels.len()];
             let started = Instant::now();
-            match self.session(&shutdown, &stop_all, &in_flight, &mut last_commit).await {
+            match self.session(address, channel, &shutdown, &stop_all, &in_flight, &mut last_commit).await {
                 Ok(()) => tracing::info!("kas ended the connection; reconnecting"),
                 Err(status) => {
                     self.failed_attempts.send_modify(|n| *n += 1);
@@ -230,13 +244,15 @@ impl App {
     /// One kas connection: presence stream plus tunnel pool, until either ends.
     async fn session(
         &self,
+        address: &str,
+        channel: &Channel,
         shutdown: &CancellationToken,
         stop_all: &CancellationToken,
         in_flight: &TaskTracker,
         last_commit: &mut String,
     ) -> Result<(), tonic::Status> {
         let connection_id = ConnectionId::random();
-        let mut client = AgentTunnelClient::new(self.channel.clone());
+        let mut client = AgentTunnelClient::new(channel.clone());
         let request = ConfigurationRequest {
             connection_id: connection_id.0,
             agent_meta: Some(AgentMeta {
@@ -255,13 +271,15 @@ impl App {
             () = shutdown.cancelled() => return Ok(()),
             r = client.get_configuration(req) => r?.into_inner(),
         };
-        tracing::info!(%connection_id, kas = %self.config.kas_address, "connected to kas");
+        tracing::info!(%connection_id, kas = %address, "connected to kas");
         let stop_idle = shutdown.child_token();
+        let stop_opening = CancellationToken::new();
         let pool = tokio::spawn(pool::run(PoolContext {
-            channel: self.channel.clone(),
+            channel: channel.clone(),
             token: self.token.clone(),
             connection_id,
             modules: self.modules.clone(),
+            stop_opening: stop_opening.clone(),
             stop_idle: stop_idle.clone(),
             stop_all: stop_all.clone(),
             in_flight: in_flight.clone(),
@@ -289,7 +307,12 @@ impl App {
             }
         };
         self.connected.send_replace(None);
-        // Idle tunnels end now; in-use ones finish (tracked by `in_flight`).
+        // kas closes this connection's idle tunnels when it sees the presence stream end; until
+        // then a request may still arrive on one (it is served). Closing them here at once would
+        // race with kas sending a request down one of them. In-use tunnels finish (`in_flight`).
+        stop_opening.cancel();
+        let mut pool_stats = self.pool_stats.subscribe();
+        let _ = tokio::time::timeout(IDLE_LINGER, pool_stats.wait_for(|s| s.idle == 0)).await;
         stop_idle.cancel();
         let _ = pool.await;
         result

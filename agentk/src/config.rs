@@ -21,7 +21,8 @@ pub const DEFAULT_OBSERVABILITY_ADDRESS: &str = "0.0.0.0:8080";
     about = "agentk: keeps reverse tunnels open to kas and serves requests in the cluster"
 )]
 pub struct Args {
-    /// kas agent listener: grpc://host:port or grpcs://host:port.
+    /// kas agent listener: grpc://host:port or grpcs://host:port. A comma-separated list of
+    /// replicas is tried in turn: each new connection goes to the next address.
     #[arg(long, env = "AGENTK_KAS_ADDRESS")]
     pub kas_address: String,
     /// File holding the agent token.
@@ -136,9 +137,20 @@ impl AgentConfig {
         }
     }
 
+    /// The kas addresses (`--kas-address` takes a comma-separated list).
+    pub fn kas_addresses(&self) -> Vec<&str> {
+        self.kas_address.split(',').map(str::trim).filter(|a| !a.is_empty()).collect()
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if !(self.kas_address.starts_with("grpc://") || self.kas_address.starts_with("grpcs://")) {
+        let addresses = self.kas_addresses();
+        if addresses.is_empty() {
             return Err(ConfigError::KasAddress(self.kas_address.clone()));
+        }
+        for a in addresses {
+            if !(a.starts_with("grpc://") || a.starts_with("grpcs://")) {
+                return Err(ConfigError::KasAddress(a.to_owned()));
+            }
         }
         if self.min_idle_tunnels == 0 || self.min_idle_tunnels > self.max_tunnels {
             return Err(ConfigError::Pool { min: self.min_idle_tunnels, max: self.max_tunnels });

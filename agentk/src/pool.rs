@@ -71,7 +71,9 @@ pub struct PoolContext {
     pub token: Arc<str>,
     pub connection_id: ConnectionId,
     pub modules: Arc<[Arc<dyn Module>]>,
-    /// Ends idle tunnels (the connection ended or agentk is stopping).
+    /// No new tunnels: the connection ended (kas closes the idle ones it holds).
+    pub stop_opening: CancellationToken,
+    /// Ends idle tunnels (the linger after the connection ended is over).
     pub stop_idle: CancellationToken,
     /// Ends in-use tunnels too (grace period over).
     pub stop_all: CancellationToken,
@@ -109,7 +111,7 @@ pub async fn run(ctx: PoolContext) {
     loop {
         if retry_at.is_none_or(|t| t <= tokio::time::Instant::now()) {
             retry_at = None;
-            let want = target.get();
+            let want = if ctx.stop_opening.is_cancelled() { 0 } else { target.get() };
             while idle < want && idle + in_use < ctx.max {
                 idle += 1;
                 spawn_tunnel(ctx.clone(), events_tx.clone());

@@ -300,6 +300,7 @@ impl Bound {
             registry: registry.clone(),
             tunnels: tunnels.clone(),
             shutdown: shutdown.clone(),
+            max_connection_age: config.agent_connections.max_age,
         };
         let incoming = |l: TcpListener| TcpIncoming::from(l).with_nodelay(Some(true));
         let mut agent_task = spawn_server(

@@ -44,6 +44,7 @@ pub struct Config {
     pub routing: RoutingConfig,
     pub registry: RegistryConfig,
     pub shutdown: ShutdownConfig,
+    pub agent_connections: AgentConnectionsConfig,
     pub rest: RestConfig,
 }
 
@@ -312,6 +313,25 @@ impl RegistryConfig {
     }
 }
 
+/// An agent connection older than this is ended cleanly (agentk reconnects, to the next kas
+/// address): after a scale-out, load spreads to new replicas within this time.
+pub const DEFAULT_AGENT_CONNECTION_MAX_AGE: Duration = Duration::from_secs(2 * 3600);
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentConnectionsConfig {
+    /// Maximum age of an agent connection (presence stream), with ±10% jitter so reconnects do
+    /// not come in waves. In-flight requests on its tunnels finish normally.
+    #[serde(with = "humantime_serde")]
+    pub max_age: Duration,
+}
+
+impl Default for AgentConnectionsConfig {
+    fn default() -> Self {
+        Self { max_age: DEFAULT_AGENT_CONNECTION_MAX_AGE }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ShutdownConfig {
@@ -468,6 +488,7 @@ impl Config {
             ("registry.gc_period", self.registry.gc_period),
             ("registry.heartbeat_ttl", self.registry.heartbeat_ttl),
             ("registry.heartbeat_period", self.registry.heartbeat_period),
+            ("agent_connections.max_age", self.agent_connections.max_age),
         ];
         for (key, d) in nonzero {
             if d.is_zero() {

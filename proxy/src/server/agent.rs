@@ -32,6 +32,8 @@ pub struct AgentService {
     pub registry: Arc<dyn AgentRegistry>,
     pub tunnels: TunnelRegistry,
     pub shutdown: CancellationToken,
+    /// Presence streams end cleanly at this age (±10% jitter).
+    pub max_connection_age: Duration,
 }
 
 impl AgentService {
@@ -43,7 +45,8 @@ impl AgentService {
     }
 }
 
-/// `period` ± 10 %, so presence streams opened together do not poll together.
+/// `period` ± 10 %, so presence streams opened together do not poll together (Git) or end
+/// together (maximum connection age).
 fn jittered(period: Duration) -> Duration {
     period.mul_f64(rand::random_range(0.9..=1.1))
 }
@@ -106,6 +109,9 @@ impl AgentTunnel for AgentService {
         let project_id = agent.project_id;
         let configurations = self.configurations.clone();
         let poll_period = self.configuration_poll_period;
+        // The connection ends cleanly at its maximum age (jittered), so agentk reconnects
+        // (to its next kas address) and load rebalances after a scale-out.
+        let ends_at = tokio::time::Instant::now() + jittered(self.max_connection_age);
         tokio::spawn(async move {
             let mut last_commit = req.commit_id;
             if first.commit_id != last_commit {
@@ -117,6 +123,10 @@ impl AgentTunnel for AgentService {
                     () = tx.closed() => break,
                     // Ending the stream tells agentk to reconnect, to another kas when there is one.
                     () = shutdown.cancelled() => break,
+                    () = tokio::time::sleep_until(ends_at) => {
+                        tracing::info!(%agent_id, %connection_id, "agent connection reached its maximum age; ending it");
+                        break;
+                    }
                     () = tokio::time::sleep(jittered(poll_period)) => {}
                 }
                 match configurations.configuration(&agent).await {

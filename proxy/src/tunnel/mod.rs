@@ -166,6 +166,14 @@ impl State {
                 let _ = reply.send(self.connections.entry(agent_id).or_default().insert(connection_id));
             }
             Command::ConnectionDown { agent_id, connection_id } => {
+                // Its idle tunnels end here, by kas: agentk waits for that instead of closing
+                // them itself, so a tunnel is never closed while kas sends a request down it.
+                if let Some(list) = self.idle.get_mut(&agent_id) {
+                    list.retain(|t| t.connection_id != connection_id);
+                    if list.is_empty() {
+                        self.idle.remove(&agent_id);
+                    }
+                }
                 if let Some(set) = self.connections.get_mut(&agent_id) {
                     set.remove(&connection_id);
                     if set.is_empty() {
