@@ -12,6 +12,7 @@ use kas_proto::tunnel::pb::agent_tunnel_server::AgentTunnelServer;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 
@@ -301,21 +302,23 @@ impl Bound {
             tunnels: tunnels.clone(),
             shutdown: shutdown.clone(),
             max_connection_age: config.agent_connections.max_age,
+            connections_per_minute: config.limits.agent_connections_per_minute,
         };
         let incoming = |l: TcpListener| TcpIncoming::from(l).with_nodelay(Some(true));
+        let max_message = config.limits.max_grpc_message_bytes;
         let mut agent_task = spawn_server(
             "agent",
             builder("agent", tls.agent)?
                 .http2_keepalive_interval(Some(AGENT_KEEPALIVE_INTERVAL))
                 .http2_keepalive_timeout(Some(AGENT_KEEPALIVE_TIMEOUT))
-                .add_service(AgentTunnelServer::new(agent_service))
+                .add_service(AgentTunnelServer::new(agent_service).max_decoding_message_size(max_message))
                 .serve_with_incoming_shutdown(incoming(agent), shutdown.clone().cancelled_owned()),
         );
         let mut api_task = spawn_server(
             "api",
             builder("api", tls.api)?
-                .add_service(KasApiServer::with_interceptor(
-                    ApiService { router: router.clone() },
+                .add_service(InterceptedService::new(
+                    KasApiServer::new(ApiService { router: router.clone() }).max_decoding_message_size(max_message),
                     jwt_interceptor(JwtVerifier::gitlab(&gitlab_secret)),
                 ))
                 .serve_with_incoming_shutdown(incoming(api), shutdown.clone().cancelled_owned()),
@@ -329,6 +332,7 @@ impl Bound {
         // in-flight requests finish (bounded by the grace period below).
         let rest_shutdown = shutdown.clone();
         let rest_tls = tls.rest;
+        let max_header_bytes = config.limits.max_http_header_bytes;
         // Up until kas has stopped: probes and scrapes work during the drain.
         let stop_observability = CancellationToken::new();
         let observability_task = tokio::spawn(
@@ -344,14 +348,15 @@ impl Bound {
             .into_future(),
         );
         let mut rest_task = tokio::spawn(async move {
-            crate::server::rest_serve::serve(rest, rest_tls, rest::router(rest_state), rest_shutdown).await;
+            crate::server::rest_serve::serve(rest, rest_tls, rest::router(rest_state), max_header_bytes, rest_shutdown)
+                .await;
             Ok(())
         });
         let mut internal_task = spawn_server(
             "internal",
             builder("internal", tls.internal)?
-                .add_service(KasInternalServer::with_interceptor(
-                    InternalService { router },
+                .add_service(InterceptedService::new(
+                    KasInternalServer::new(InternalService { router }).max_decoding_message_size(max_message),
                     jwt_interceptor(JwtVerifier::internal(&internal_secret)),
                 ))
                 .serve_with_incoming_shutdown(incoming(internal), shutdown.clone().cancelled_owned()),

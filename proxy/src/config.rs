@@ -45,6 +45,7 @@ pub struct Config {
     pub registry: RegistryConfig,
     pub shutdown: ShutdownConfig,
     pub agent_connections: AgentConnectionsConfig,
+    pub limits: LimitsConfig,
     pub rest: RestConfig,
 }
 
@@ -317,6 +318,36 @@ impl RegistryConfig {
 /// address): after a scale-out, load spreads to new replicas within this time.
 pub const DEFAULT_AGENT_CONNECTION_MAX_AGE: Duration = Duration::from_secs(2 * 3600);
 
+/// An agent reconnects a few times a minute at most when healthy; far more is a crash loop or
+/// a misconfiguration that should not load kas and GitLab.
+pub const DEFAULT_AGENT_CONNECTIONS_PER_MINUTE: u64 = 60;
+/// tonic's own default; GetPods answers of large clusters fit.
+pub const DEFAULT_MAX_GRPC_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+/// Generous for kubectl and browsers (cookies, long tokens); bounded against abuse.
+pub const DEFAULT_MAX_HTTP_HEADER_BYTES: usize = 64 * 1024;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// New agent connections (presence streams) per agent per minute; across every kas when
+    /// Redis is used. Tunnels do not count. More are refused with RESOURCE_EXHAUSTED.
+    pub agent_connections_per_minute: u64,
+    /// The largest gRPC message kas accepts on its gRPC listeners (bigger: OUT_OF_RANGE).
+    pub max_grpc_message_bytes: usize,
+    /// The largest HTTP request header block on the rest listener (bigger: 431).
+    pub max_http_header_bytes: usize,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            agent_connections_per_minute: DEFAULT_AGENT_CONNECTIONS_PER_MINUTE,
+            max_grpc_message_bytes: DEFAULT_MAX_GRPC_MESSAGE_BYTES,
+            max_http_header_bytes: DEFAULT_MAX_HTTP_HEADER_BYTES,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AgentConnectionsConfig {
@@ -507,6 +538,9 @@ impl Config {
         for (key, v) in [
             ("routing.max_concurrent_requests", self.routing.max_concurrent_requests),
             ("routing.max_concurrent_requests_per_agent", self.routing.max_concurrent_requests_per_agent),
+            ("limits.agent_connections_per_minute", self.limits.agent_connections_per_minute as usize),
+            ("limits.max_grpc_message_bytes", self.limits.max_grpc_message_bytes),
+            ("limits.max_http_header_bytes", self.limits.max_http_header_bytes),
         ] {
             if v == 0 {
                 return Err(ConfigError::Invalid { key, message: "must be at least 1".into() });

@@ -67,3 +67,84 @@ async fn the_kas_wide_limit_applies_across_agents() {
     assert!(err.message().contains("kas is at its limit of 1 concurrent requests"), "{}", err.message());
     drop(tx);
 }
+
+fn authorized<T>(msg: T, token: &str) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.metadata_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
+    r
+}
+
+#[tokio::test]
+async fn new_agent_connections_are_rate_limited_but_tunnels_are_not() {
+    use kas_proto::tunnel::pb::agent_tunnel_client::AgentTunnelClient;
+    use kas_proto::tunnel::pb::{ConfigurationRequest, ConnectRequest, Descriptor};
+    let c = Cluster::builder().configure(|config, _| config.limits.agent_connections_per_minute = 2).start().await;
+    let token = c.agent(1).token.clone();
+    let mut client = AgentTunnelClient::new(kas_e2e::cluster::channel(c.kas[0].addresses.agent));
+    let mut streams = Vec::new();
+    for id in 1..=2 {
+        let req = ConfigurationRequest { connection_id: id, ..Default::default() };
+        streams.push(client.get_configuration(authorized(req, &token)).await.expect("within the limit"));
+    }
+    let req = ConfigurationRequest { connection_id: 3, ..Default::default() };
+    let err = client.get_configuration(authorized(req, &token)).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted);
+    assert!(err.message().contains("the limit is 2 (limits.agent_connections_per_minute)"), "{}", err.message());
+    // Tunnels do not count: many can still be opened.
+    for _ in 0..5 {
+        let (tx, rx) = mpsc::channel(2);
+        let descriptor = Descriptor { connection_id: 1, methods: vec![kas_proto::get_pods::METHOD.into()] };
+        tx.send(ConnectRequest::descriptor(descriptor)).await.unwrap();
+        client.connect(authorized(ReceiverStream::new(rx), &token)).await.expect("tunnels are not rate limited");
+        drop(tx);
+    }
+}
+
+#[tokio::test]
+async fn oversized_grpc_messages_and_http_headers_are_refused() {
+    let c = Cluster::builder()
+        .configure(|config, _| {
+            config.limits.max_grpc_message_bytes = 1024;
+            config.limits.max_http_header_bytes = 16 * 1024;
+        })
+        .start()
+        .await;
+    let _a = c.start_agentk(1, 0, "a1").await;
+    // A request body message over the gRPC limit ends the call.
+    let (tx, rx) = mpsc::channel(4);
+    let head = HttpRequestHead {
+        method: "POST".into(),
+        path: "/api/v1/namespaces/default/pods".into(),
+        headers: Default::default(),
+    };
+    tx.send(KubernetesRequest { agent_id: 1, connection_id: 0, frame: Some(HttpFrame::request_head(head)) })
+        .await
+        .unwrap();
+    let big = HttpFrame::body(vec![b'x'; 4096].into());
+    tx.send(KubernetesRequest { agent_id: 0, connection_id: 0, frame: Some(big) }).await.unwrap();
+    drop(tx);
+    let outcome = match c.api(0).make_kubernetes_request(ReceiverStream::new(rx)).await {
+        Err(status) => status,
+        Ok(resp) => {
+            let mut frames = resp.into_inner();
+            loop {
+                match frames.message().await {
+                    Ok(Some(_)) => continue,
+                    Ok(None) => panic!("the oversized message was accepted"),
+                    Err(status) => break status,
+                }
+            }
+        }
+    };
+    assert!(outcome.message().contains("too large"), "{outcome:?}");
+    // An HTTP request head over the limit: 431.
+    let url = format!("{}/api/v1/agents/1/pods", c.rest_url(0));
+    let resp = reqwest::Client::new()
+        .get(&url)
+        .bearer_auth(c.gitlab_jwt())
+        .header("x-padding", "p".repeat(32 * 1024))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 431);
+}

@@ -66,6 +66,7 @@ pub async fn run_all(b: &impl Backend) {
     records_of_a_dead_instance_are_ignored(b).await;
     events_are_delivered(b).await;
     remove_all_owned_removes_only_own(b).await;
+    connection_counts_are_shared_between_instances(b).await;
 }
 
 pub async fn register_list_unregister(b: &impl Backend) {
@@ -190,4 +191,19 @@ pub async fn remove_all_owned_removes_only_own(b: &impl Backend) {
     assert_eq!(ids(&k2.connections_by_agent_id(AgentId(9)).await.unwrap()), vec![(9, 2)]);
     k2.remove_all_owned().await.unwrap();
     assert!(k2.connections_by_agent_id(AgentId(9)).await.unwrap().is_empty());
+}
+
+pub async fn connection_counts_are_shared_between_instances(b: &impl Backend) {
+    let k1 = b.instance(timing(LONG, LONG)).await;
+    let k2 = b.instance(timing(LONG, LONG)).await;
+    let other = b.isolated(timing(LONG, LONG)).await;
+    let agent = AgentId(rand::random::<i64>() & i64::MAX);
+    let window = Duration::from_secs(3600);
+    // Counted across kas (a window boundary between calls would restart the count: an hour-long
+    // window makes that practically impossible here).
+    let first = k1.count_connection(agent, window).await.unwrap();
+    assert_eq!(k2.count_connection(agent, window).await.unwrap(), first + 1);
+    assert_eq!(k1.count_connection(agent, window).await.unwrap(), first + 2);
+    assert_eq!(other.count_connection(agent, window).await.unwrap(), 1, "isolated stores count separately");
+    assert_eq!(k1.count_connection(AgentId(agent.0 ^ 1), window).await.unwrap(), 1, "per agent");
 }

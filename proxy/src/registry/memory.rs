@@ -4,6 +4,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use kas_proto::kas::{ConnectedAgentInfo, KasInstanceInfo};
@@ -11,7 +12,9 @@ use kas_proto::{AgentId, ConnectionId, ProjectId};
 use tokio::sync::broadcast;
 use tokio::time::Instant;
 
-use super::{AgentRegistry, EVENT_BUFFER, RegistryError, RegistryEvent, RegistryTiming, record_key, sorted};
+use super::{
+    AgentRegistry, EVENT_BUFFER, RegistryError, RegistryEvent, RegistryTiming, record_key, sorted, window_index,
+};
 
 type Key = (AgentId, ProjectId, ConnectionId);
 
@@ -26,6 +29,8 @@ struct Data {
     entries: HashMap<Key, Entry>,
     /// instance id -> heartbeat expiry
     instances: HashMap<String, Instant>,
+    /// (agent, window index) -> connections counted in that window
+    connection_counts: HashMap<(AgentId, u64), u64>,
 }
 
 /// The shared state (what Redis is for the Redis backend). Plain maps behind a lock that is
@@ -160,6 +165,16 @@ impl AgentRegistry for MemoryRegistry {
 
     async fn ping(&self) -> Result<(), RegistryError> {
         Ok(())
+    }
+
+    async fn count_connection(&self, agent_id: AgentId, window: Duration) -> Result<u64, RegistryError> {
+        let index = window_index(window);
+        let mut data = self.store.lock();
+        // Only the current window matters; older ones are dropped as windows pass.
+        data.connection_counts.retain(|(_, i), _| *i == index);
+        let count = data.connection_counts.entry((agent_id, index)).or_default();
+        *count += 1;
+        Ok(*count)
     }
 
     async fn remove_all_owned(&self) -> Result<(), RegistryError> {

@@ -89,12 +89,21 @@ pub trait AgentRegistry: Send + Sync + 'static {
     async fn ping(&self) -> Result<(), RegistryError>;
     /// Removes everything this kas wrote, including its heartbeat (graceful shutdown, last).
     async fn remove_all_owned(&self) -> Result<(), RegistryError>;
+    /// Counts a new connection of an agent in the current fixed `window` and returns the count
+    /// so far, across every kas sharing the store (the agent connection rate limit).
+    async fn count_connection(&self, agent_id: AgentId, window: Duration) -> Result<u64, RegistryError>;
 }
 
 /// Sorts records the same way in every backend (agent id, then connection id).
 pub(crate) fn sorted(mut v: Vec<ConnectedAgentInfo>) -> Vec<ConnectedAgentInfo> {
     v.sort_by_key(|i| (i.id, i.connection_id));
     v
+}
+
+/// The index of the current fixed window of length `window` (wall clock, so every kas agrees).
+pub(crate) fn window_index(window: Duration) -> u64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    (now.as_millis() / window.as_millis().max(1)) as u64
 }
 
 /// A new random instance id.

@@ -99,6 +99,9 @@ impl Keys {
     fn events(&self) -> String {
         format!("{}:events", self.prefix)
     }
+    fn connection_count(&self, agent: AgentId, window: u64) -> String {
+        format!("{}:conn-rate:{agent}:{window}", self.prefix)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -409,6 +412,14 @@ impl AgentRegistry for RedisRegistry {
         let mut conn = self.conn().await?;
         let _: String = conn.ping().await.map_err(|e| err("ping", e))?;
         Ok(())
+    }
+
+    async fn count_connection(&self, agent_id: AgentId, window: Duration) -> Result<u64, RegistryError> {
+        let key = self.keys.connection_count(agent_id, super::window_index(window));
+        let mut pipe = redis::pipe();
+        pipe.atomic().incr(&key, 1u64).pexpire(&key, ms(window) * 2).ignore();
+        let (count,): (u64,) = self.query("count_connection", &pipe).await?;
+        Ok(count)
     }
 
     async fn remove_all_owned(&self) -> Result<(), RegistryError> {

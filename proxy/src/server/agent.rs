@@ -34,7 +34,12 @@ pub struct AgentService {
     pub shutdown: CancellationToken,
     /// Presence streams end cleanly at this age (±10% jitter).
     pub max_connection_age: Duration,
+    /// New presence streams per agent per minute (tunnels do not count).
+    pub connections_per_minute: u64,
 }
+
+/// The window of the agent connection rate limit.
+const CONNECTION_RATE_WINDOW: Duration = Duration::from_secs(60);
 
 impl AgentService {
     async fn authenticate<T>(&self, request: &Request<T>) -> Result<AgentIdentity, Status> {
@@ -71,6 +76,19 @@ impl AgentTunnel for AgentService {
         }
         let connection_id = ConnectionId(req.connection_id);
         let agent_id = agent.agent_id;
+        // Only presence streams count: tunnels are opened per request and must never be limited.
+        match self.registry.count_connection(agent_id, CONNECTION_RATE_WINDOW).await {
+            Ok(n) if n > self.connections_per_minute => {
+                return Err(Status::resource_exhausted(format!(
+                    "agent {agent_id} opened {n} connections this minute; the limit is {} \
+                     (limits.agent_connections_per_minute)",
+                    self.connections_per_minute
+                )));
+            }
+            Ok(_) => {}
+            // The registry is down: do not lock agents out for it.
+            Err(e) => tracing::warn!(%agent_id, error = %e, "counting the agent connection failed"),
+        }
         let first = self.configurations.configuration(&agent).await?;
         match self.tunnels.connection_up(agent_id, connection_id).await {
             Ok(true) => {}

@@ -42,9 +42,18 @@ pub fn tls_acceptor(tls: &TlsConfig) -> Result<TlsAcceptor, String> {
 
 /// Accepts connections until `shutdown`, then lets open connections finish (the caller bounds
 /// that with its grace period).
-pub async fn serve(listener: TcpListener, tls: Option<TlsAcceptor>, app: axum::Router, shutdown: CancellationToken) {
+pub async fn serve(
+    listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+    app: axum::Router,
+    max_header_bytes: usize,
+    shutdown: CancellationToken,
+) {
     let graceful = GracefulShutdown::new();
-    let builder = Builder::new(TokioExecutor::new());
+    let mut builder = Builder::new(TokioExecutor::new());
+    // Request heads larger than this are refused (HTTP/1.1: 431; HTTP/2: the stream is reset).
+    builder.http1().max_buf_size(max_header_bytes.max(8192));
+    builder.http2().max_header_list_size(u32::try_from(max_header_bytes).unwrap_or(u32::MAX));
     loop {
         let tcp = tokio::select! {
             () = shutdown.cancelled() => break,

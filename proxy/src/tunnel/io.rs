@@ -83,6 +83,9 @@ pub struct TunnelSender {
 struct Lifetime {
     _done: DropGuard,
     permits: Mutex<Vec<tokio::sync::OwnedSemaphorePermit>>,
+    /// Set when the request side failed (e.g. the caller's body broke): the response side stops.
+    aborted: CancellationToken,
+    abort_reason: Mutex<String>,
 }
 
 /// Receives response frames (Header, Message, Trailer | Error).
@@ -147,7 +150,12 @@ impl TunnelIo {
         done: CancellationToken,
     ) -> Self {
         let order = Arc::new(Mutex::new(order));
-        let lifetime = Arc::new(Lifetime { _done: done.drop_guard(), permits: Mutex::default() });
+        let lifetime = Arc::new(Lifetime {
+            _done: done.drop_guard(),
+            permits: Mutex::default(),
+            aborted: CancellationToken::new(),
+            abort_reason: Mutex::default(),
+        });
         Self {
             sender: TunnelSender { out: out.clone(), order: order.clone(), _lifetime: lifetime.clone() },
             receiver: TunnelReceiver { from, out, order, _lifetime: lifetime },
@@ -209,6 +217,14 @@ pub fn agent_error(e: pb::Error) -> KasError {
 }
 
 impl TunnelSender {
+    /// Ends the exchange because the request side failed: agentk's tunnel ends with a status
+    /// (which cancels the API server request) and the receiving side stops with an error.
+    pub fn abort(&self, why: &str) {
+        self.out.fail(Status::cancelled(why.to_owned()));
+        why.clone_into(&mut self._lifetime.abort_reason.lock().unwrap_or_else(PoisonError::into_inner));
+        self._lifetime.aborted.cancel();
+    }
+
     /// Sends one frame (checked against the frame order first).
     pub async fn send(&self, frame: ConnectResponse) -> Result<(), KasError> {
         check(&self.order, |o| frame.kind().and_then(|kind| o.request(kind)))
@@ -221,7 +237,15 @@ impl TunnelReceiver {
     /// Receives one frame; `None` when the stream ended. An out-of-order frame ends the tunnel
     /// with INVALID_ARGUMENT and is returned as an error.
     pub async fn recv(&mut self) -> Result<Option<connect_request::Msg>, KasError> {
-        let frame = match self.from.next().await {
+        let next = tokio::select! {
+            biased;
+            () = self._lifetime.aborted.cancelled() => {
+                let why = self._lifetime.abort_reason.lock().unwrap_or_else(PoisonError::into_inner).clone();
+                return Err(KasError::InvalidArgument(why));
+            }
+            next = self.from.next() => next,
+        };
+        let frame = match next {
             None => return Ok(None),
             Some(Err(status)) => return Err(stream_error(status)),
             Some(Ok(frame)) => frame,

@@ -158,8 +158,9 @@ where
                     }
                 }
                 Err(e) => {
-                    // The caller's body broke: dropping the tunnel cancels the request upstream.
+                    // The caller's body broke: the exchange ends (agentk cancels the request).
                     tracing::debug!(error = %e, "request body failed; cancelling the exchange");
+                    sender.abort(&format!("the request body failed: {e}"));
                     return;
                 }
             }

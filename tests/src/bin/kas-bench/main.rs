@@ -99,7 +99,13 @@ async fn routing(requests: usize, report: &mut String) {
 }
 
 async fn wake_up(trials: usize, report: &mut String) {
-    let c = Cluster::builder().redis().kas(2).start().await;
+    // Every trial is a new agent connection: lift the connection rate limit for the benchmark.
+    let c = Cluster::builder()
+        .redis()
+        .kas(2)
+        .configure(|config, _| config.limits.agent_connections_per_minute = u64::MAX)
+        .start()
+        .await;
     c.kube.add_pod("default", "p");
     let (mut from_start, mut from_presence) = (Vec::new(), Vec::new());
     for _ in 0..trials {
