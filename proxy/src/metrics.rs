@@ -20,6 +20,9 @@ pub const CONNECTIONS: &str = "kas_agent_connections";
 pub const IDLE_TUNNELS: &str = "kas_idle_tunnels";
 pub const WAITING_REQUESTS: &str = "kas_waiting_requests";
 pub const BUILD_INFO: &str = "kas_build_info";
+pub const GITLAB_REQUESTS: &str = "kas_gitlab_requests_total";
+pub const GIT_POLLS: &str = "kas_git_polls_total";
+pub const PROXIED_BYTES: &str = "kas_proxied_bytes_total";
 
 /// How a routed request ended (the `outcome` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,6 +83,9 @@ fn describe() {
     metrics::describe_gauge!(IDLE_TUNNELS, "Idle tunnels held by this kas");
     metrics::describe_gauge!(WAITING_REQUESTS, "Requests waiting for a tunnel on this kas");
     metrics::describe_gauge!(BUILD_INFO, "Always 1; labels carry the version and commit");
+    metrics::describe_counter!(GITLAB_REQUESTS, "GitLab agent_info requests (token verification), by outcome");
+    metrics::describe_counter!(GIT_POLLS, "Agent configuration reads from Git, by outcome (ok, error)");
+    metrics::describe_counter!(PROXIED_BYTES, "Kubernetes API proxy body bytes, by direction (request, response)");
 }
 
 pub fn routed(method: &str, outcome: RouteOutcome, took: Duration) {
@@ -109,4 +115,16 @@ pub fn set_tunnel_gauges(stats: &TunnelStats) {
     metrics::gauge!(CONNECTIONS).set(stats.connections as f64);
     metrics::gauge!(IDLE_TUNNELS).set(stats.idle_tunnels as f64);
     metrics::gauge!(WAITING_REQUESTS).set(stats.waiting_requests as f64);
+}
+
+pub fn gitlab_request(outcome: &'static str) {
+    metrics::counter!(GITLAB_REQUESTS, "outcome" => outcome).increment(1);
+}
+
+pub fn git_poll(ok: bool) {
+    metrics::counter!(GIT_POLLS, "outcome" => if ok { "ok" } else { "error" }).increment(1);
+}
+
+pub fn proxied_bytes(direction: &'static str, n: usize) {
+    metrics::counter!(PROXIED_BYTES, "direction" => direction).increment(n as u64);
 }

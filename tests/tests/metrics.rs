@@ -26,6 +26,10 @@ async fn health_and_metrics() {
     let _a = c.start_agentk(1, 0, "agentk-0").await;
     c.api(0).get_pods(GetPodsRequest { agent_id: 1, connection_id: 0 }).await.unwrap();
     c.api(1).get_pods(GetPodsRequest { agent_id: 1, connection_id: 0 }).await.unwrap();
+    // Kubernetes API proxy bytes are counted.
+    let url = format!("{}/api/v1/agents/1/kubernetes/api/v1/namespaces/default/pods", c.rest_url(0));
+    let body =
+        reqwest::Client::new().get(&url).bearer_auth(c.gitlab_jwt()).send().await.unwrap().bytes().await.unwrap();
 
     let (status, metrics) = get(&format!("{}/metrics", obs(&c, 0))).await;
     assert_eq!(status, 200);
@@ -39,6 +43,8 @@ async fn health_and_metrics() {
     assert!(sample(&metrics, "kas_idle_tunnels").is_some_and(|v| v >= 1.0), "{metrics}");
     assert!(metrics.contains(&format!(r#"kas_build_info{{version="{}""#, kas::VERSION)), "{metrics}");
     assert!(sample(&metrics, r#"kas_registry_operations_total{operation="register"}"#).is_some(), "{metrics}");
+    let response_bytes = sample(&metrics, r#"kas_proxied_bytes_total{direction="response"}"#).unwrap_or_default();
+    assert!(response_bytes >= body.len() as f64, "{response_bytes} < {}: {metrics}", body.len());
     // No unbounded labels: agent and connection ids never appear.
     assert!(!metrics.contains("agent_id") && !metrics.contains("connection_id"), "{metrics}");
 

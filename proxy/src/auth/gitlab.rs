@@ -134,6 +134,17 @@ impl GitlabClient {
 
     /// Asks GitLab whose token this is (one request, rate limited, not cached).
     pub async fn agent_info(&self, token: &str) -> Result<AgentInfo, KasError> {
+        let result = self.agent_info_uncounted(token).await;
+        crate::metrics::gitlab_request(match &result {
+            Ok(_) => "ok",
+            Err(KasError::Unauthenticated(_)) => "unauthenticated",
+            Err(KasError::PermissionDenied(_)) => "permission_denied",
+            Err(_) => "unavailable",
+        });
+        result
+    }
+
+    async fn agent_info_uncounted(&self, token: &str) -> Result<AgentInfo, KasError> {
         self.limiter.acquire().await.map_err(|e| KasError::GitlabUnavailable(e.to_string()))?;
         let jwt = mint_jwt(&self.secret, KAS_ISSUER, GITLAB_AUDIENCE, API_JWT_TTL)?;
         let mut authorization = http::HeaderValue::try_from(format!("Bearer {token}"))

@@ -73,9 +73,11 @@ impl ConfigurationSource for crate::auth::StaticAgents {
             return Ok(crate::auth::StaticAgents::configuration(self, agent.agent_id).to_response());
         };
         let (repository, name) = (repository.to_owned(), agent.name.clone());
-        tokio::task::spawn_blocking(move || git::read_configuration(&repository, &name))
+        let result = tokio::task::spawn_blocking(move || git::read_configuration(&repository, &name))
             .await
-            .map_err(|e| crate::error::KasError::Internal(format!("reading the agent configuration: {e}")))?
+            .map_err(|e| crate::error::KasError::Internal(format!("reading the agent configuration: {e}")))?;
+        crate::metrics::git_poll(result.is_ok());
+        result
     }
 }
 

@@ -113,6 +113,7 @@ impl Exchange {
                             if chunk.is_empty() {
                                 continue;
                             }
+                            crate::metrics::proxied_bytes("response", chunk.len());
                             return Some((Ok(chunk), Some(receiver)));
                         }
                         Ok(_) => {
@@ -153,6 +154,7 @@ where
             match chunk {
                 Ok(chunk) if chunk.is_empty() => continue,
                 Ok(chunk) => {
+                    crate::metrics::proxied_bytes("request", chunk.len());
                     if sender.send(ConnectResponse::message(HttpFrame::body(chunk).to_bytes())).await.is_err() {
                         return;
                     }
