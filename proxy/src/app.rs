@@ -101,6 +101,33 @@ fn load_tls(listener: &'static str, config: &ListenerConfig) -> Result<Option<Se
     Ok(Some(ServerTlsConfig::new().identity(identity)))
 }
 
+fn read_pem(path: &std::path::Path) -> Result<Vec<u8>, AppError> {
+    std::fs::read(path).map_err(|source| AppError::TlsFile {
+        listener: "internal",
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+/// The internal listener's TLS from `kas_internal.tls`; mutual when client certificates are required.
+fn internal_server_tls(t: &crate::config::InternalTlsConfig) -> Result<ServerTlsConfig, AppError> {
+    let mut tls =
+        ServerTlsConfig::new().identity(Identity::from_pem(read_pem(&t.certificate_file)?, read_pem(&t.key_file)?));
+    if t.require_client_certificates {
+        tls = tls.client_ca_root(tonic::transport::Certificate::from_pem(read_pem(&t.ca_file)?));
+    }
+    Ok(tls)
+}
+
+/// How this kas dials peers: their certificate verified against the kas CA for `server_name`,
+/// this kas's certificate presented (for mutual TLS).
+fn internal_client_tls(t: &crate::config::InternalTlsConfig) -> Result<tonic::transport::ClientTlsConfig, AppError> {
+    Ok(tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(read_pem(&t.ca_file)?))
+        .domain_name(t.server_name.clone())
+        .identity(Identity::from_pem(read_pem(&t.certificate_file)?, read_pem(&t.key_file)?)))
+}
+
 /// A server builder for one listener, with TLS when configured.
 fn builder(listener: &'static str, tls: Option<ServerTlsConfig>) -> Result<Server, AppError> {
     let builder = Server::builder();
@@ -172,7 +199,10 @@ impl App {
         let tls = ListenerTls {
             agent: load_tls("agent", &config.listeners.agent)?,
             api: load_tls("api", &config.listeners.api)?,
-            internal: load_tls("internal", &config.listeners.internal)?,
+            internal: match &config.kas_internal.tls {
+                Some(t) => Some(internal_server_tls(t)?),
+                None => load_tls("internal", &config.listeners.internal)?,
+            },
             rest: match &config.listeners.rest.tls {
                 Some(tls) => Some(
                     crate::server::rest_serve::tls_acceptor(tls).map_err(|message| AppError::RestTls { message })?,
@@ -285,7 +315,11 @@ impl Bound {
         let _ = tunnels_handle.set(tunnels.clone());
         // Installed before anything is recorded (metrics recorded without a recorder are lost).
         crate::metrics::handle();
-        let peers = Arc::new(Peers::new(internal_secret.clone()));
+        let peers = match &config.kas_internal.tls {
+            Some(t) => Peers::new(internal_secret.clone()).with_tls(internal_client_tls(t)?),
+            None => Peers::new(internal_secret.clone()),
+        };
+        let peers = Arc::new(peers);
         let router = Router::new(tunnels.clone(), registry.clone(), peers, config.routing.max_wait)
             .with_limits(config.routing.max_concurrent_requests, config.routing.max_concurrent_requests_per_agent);
         // Alive before the first agent registers, so peers do not ignore its records.

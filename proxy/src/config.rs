@@ -224,6 +224,32 @@ pub struct KasInternalConfig {
     /// the bound IP, which must then not be a wildcard (0.0.0.0 / ::) when Redis is used.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub advertise_ip: Option<std::net::IpAddr>,
+    /// TLS between kas replicas: the internal listener serves it and peers dial with it
+    /// (instead of `listeners.internal.tls`). Off: plaintext (a private network).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<InternalTlsConfig>,
+}
+
+/// One certificate per kas (server and client), issued by a CA only kas replicas trust.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InternalTlsConfig {
+    pub certificate_file: PathBuf,
+    pub key_file: PathBuf,
+    /// The CA that issued every kas's certificate: peers' server certificates are verified
+    /// against it, and so are client certificates when they are required.
+    pub ca_file: PathBuf,
+    /// The name peers verify in a kas's certificate (peers dial IPs, so certificates carry this
+    /// name rather than every pod IP).
+    #[serde(default = "default_internal_server_name")]
+    pub server_name: String,
+    /// Mutual TLS: the internal listener accepts only clients with a certificate from `ca_file`.
+    #[serde(default)]
+    pub require_client_certificates: bool,
+}
+
+fn default_internal_server_name() -> String {
+    "kas-internal".to_owned()
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -533,6 +559,14 @@ impl Config {
                     "must be shorter than registry.ttl ({}), or records expire between refreshes",
                     humantime::format_duration(self.registry.ttl)
                 ),
+            });
+        }
+        if self.kas_internal.tls.is_some() && self.listeners.internal.tls.is_some() {
+            return Err(ConfigError::Invalid {
+                key: "kas_internal.tls",
+                message: "set either kas_internal.tls (kas <-> kas TLS, optionally mutual) or listeners.internal.tls, \
+                          not both"
+                    .into(),
             });
         }
         for (key, v) in [

@@ -72,3 +72,71 @@ async fn bad_tls_files_fail_startup_with_the_path() {
     let msg = err.to_string();
     assert!(msg.contains("TLS of the api listener") && msg.contains("missing.crt"), "{msg}");
 }
+
+/// A CA only kas trust, and one certificate from it for `kas-internal` (server and client use).
+fn kas_ca(dir: &std::path::Path) -> kas::config::InternalTlsConfig {
+    use rcgen::{BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.key_usages =
+        vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let leaf_key = KeyPair::generate().unwrap();
+    let mut leaf = CertificateParams::new(vec!["kas-internal".to_owned()]).unwrap();
+    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+    let leaf_cert = leaf.signed_by(&leaf_key, &issuer).unwrap();
+    let (ca_file, certificate_file, key_file) = (dir.join("kas-ca.crt"), dir.join("kas.crt"), dir.join("kas.key"));
+    std::fs::write(&ca_file, ca_cert.pem()).unwrap();
+    std::fs::write(&certificate_file, leaf_cert.pem()).unwrap();
+    std::fs::write(&key_file, leaf_key.serialize_pem()).unwrap();
+    kas::config::InternalTlsConfig {
+        certificate_file,
+        key_file,
+        ca_file,
+        server_name: "kas-internal".into(),
+        require_client_certificates: true,
+    }
+}
+
+#[tokio::test]
+async fn kas_to_kas_traffic_uses_mutual_tls() {
+    let c = Cluster::builder()
+        .redis()
+        .kas(2)
+        .configure(|config, dir| config.kas_internal.tls = Some(kas_ca(dir)))
+        .start()
+        .await;
+    c.kube.add_pod("default", "p");
+    let _a = c.start_agentk(1, 0, "agentk-0").await;
+    // kas 1 has no tunnel: it forwards to kas 0 over mutual TLS.
+    let pods = c.api(1).get_pods(GetPodsRequest { agent_id: 1, connection_id: 0 }).await.unwrap().into_inner().pods;
+    assert_eq!(pods.len(), 1);
+
+    let tls = c.config.kas_internal.tls.clone().unwrap();
+    let internal = c.kas[0].addresses.internal;
+    let call = |channel: tonic::transport::Channel| {
+        let token = c.internal_jwt();
+        async move {
+            let mut client = kas_proto::kas::kas_internal_client::KasInternalClient::new(channel);
+            let mut req = tonic::Request::new(GetPodsRequest { agent_id: 1, connection_id: 1 });
+            req.metadata_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
+            client.get_pods(req).await
+        }
+    };
+    // Trusting the CA but without a client certificate: refused in the handshake.
+    let no_client_cert = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(std::fs::read(&tls.ca_file).unwrap()))
+        .domain_name("kas-internal");
+    let channel = tonic::transport::Channel::from_shared(format!("https://{internal}"))
+        .unwrap()
+        .tls_config(no_client_cert)
+        .unwrap()
+        .connect_lazy();
+    let err = call(channel).await.unwrap_err();
+    assert_ne!(err.code(), tonic::Code::NotFound, "reached the service without a client certificate: {err:?}");
+    // Plaintext: refused too.
+    let err = call(kas_e2e::cluster::channel(internal)).await.unwrap_err();
+    assert_ne!(err.code(), tonic::Code::NotFound, "reached the service in plaintext: {err:?}");
+}

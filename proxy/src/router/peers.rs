@@ -38,6 +38,8 @@ pub enum PeerError {
 
 pub struct Peers {
     secret: Secret,
+    /// TLS towards peers (`kas_internal.tls`), plaintext when absent.
+    tls: Option<tonic::transport::ClientTlsConfig>,
     /// Address -> channel. A cache behind a lock held only for a map lookup (never across an
     /// await); channels themselves are cheap clones sharing one HTTP/2 connection.
     channels: Mutex<HashMap<String, Channel>>,
@@ -45,7 +47,13 @@ pub struct Peers {
 
 impl Peers {
     pub fn new(secret: Secret) -> Self {
-        Self { secret, channels: Mutex::default() }
+        Self { secret, tls: None, channels: Mutex::default() }
+    }
+
+    /// Dials peers with TLS (verifying their certificate, presenting this kas's).
+    pub fn with_tls(mut self, tls: tonic::transport::ClientTlsConfig) -> Self {
+        self.tls = Some(tls);
+        self
     }
 
     fn channel(&self, address: &str) -> Result<Channel, PeerError> {
@@ -53,8 +61,15 @@ impl Peers {
         if let Some(c) = channels.get(address) {
             return Ok(c.clone());
         }
-        let channel = Endpoint::from_shared(format!("http://{address}"))
-            .map_err(|e| PeerError::Unavailable(format!("bad peer address {address}: {e}")))?
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))
+            .map_err(|e| PeerError::Unavailable(format!("bad peer address {address}: {e}")))?;
+        if let Some(tls) = &self.tls {
+            endpoint = endpoint
+                .tls_config(tls.clone())
+                .map_err(|e| PeerError::Unavailable(format!("peer TLS configuration: {e}")))?;
+        }
+        let channel = endpoint
             .connect_timeout(PEER_CONNECT_TIMEOUT)
             .http2_keep_alive_interval(Duration::from_secs(20))
             .keep_alive_timeout(Duration::from_secs(10))
