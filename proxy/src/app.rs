@@ -49,8 +49,8 @@ pub enum AppError {
     Bind { listener: &'static str, address: SocketAddr, source: std::io::Error },
     #[error("the {listener} listener failed: {source}")]
     Serve { listener: &'static str, source: tonic::transport::Error },
-    #[error("TLS of the rest listener: {message}")]
-    RestTls { message: String },
+    #[error("TLS of the {listener} listener: {message}")]
+    HttpTls { listener: &'static str, message: String },
     #[error("TLS of the {listener} listener: cannot read {path}: {source}")]
     TlsFile { listener: &'static str, path: String, source: std::io::Error },
     #[error("TLS of the {listener} listener: {source}")]
@@ -90,6 +90,7 @@ struct ListenerTls {
     api: Option<ServerTlsConfig>,
     internal: Option<ServerTlsConfig>,
     rest: Option<tokio_rustls::TlsAcceptor>,
+    observability: Option<tokio_rustls::TlsAcceptor>,
 }
 
 fn load_tls(listener: &'static str, config: &ListenerConfig) -> Result<Option<ServerTlsConfig>, AppError> {
@@ -205,7 +206,15 @@ impl App {
             },
             rest: match &config.listeners.rest.tls {
                 Some(tls) => Some(
-                    crate::server::rest_serve::tls_acceptor(tls).map_err(|message| AppError::RestTls { message })?,
+                    crate::server::rest_serve::tls_acceptor(tls)
+                        .map_err(|message| AppError::HttpTls { listener: "rest", message })?,
+                ),
+                None => None,
+            },
+            observability: match &config.listeners.observability.tls {
+                Some(tls) => Some(
+                    crate::server::rest_serve::tls_acceptor(tls)
+                        .map_err(|message| AppError::HttpTls { listener: "observability", message })?,
                 ),
                 None => None,
             },
@@ -369,18 +378,17 @@ impl Bound {
         let max_header_bytes = config.limits.max_http_header_bytes;
         // Up until kas has stopped: probes and scrapes work during the drain.
         let stop_observability = CancellationToken::new();
-        let observability_task = tokio::spawn(
-            axum::serve(
-                observability,
-                crate::server::observability::router(crate::server::observability::ObservabilityState {
-                    tunnels: tunnels.clone(),
-                    registry: registry.clone(),
-                    registry_required: config.registry.redis.is_some(),
-                }),
-            )
-            .with_graceful_shutdown(stop_observability.clone().cancelled_owned())
-            .into_future(),
-        );
+        let observability_task = tokio::spawn(crate::server::rest_serve::serve(
+            observability,
+            tls.observability,
+            crate::server::observability::router(crate::server::observability::ObservabilityState {
+                tunnels: tunnels.clone(),
+                registry: registry.clone(),
+                registry_required: config.registry.redis.is_some(),
+            }),
+            config.limits.max_http_header_bytes,
+            stop_observability.clone(),
+        ));
         let mut rest_task = tokio::spawn(async move {
             crate::server::rest_serve::serve(rest, rest_tls, rest::router(rest_state), max_header_bytes, rest_shutdown)
                 .await;

@@ -77,7 +77,7 @@ pub struct ListenersConfig {
     /// kubectl sends its token only over TLS, so give it `tls` when kubectl uses it.
     pub rest: ListenerConfig,
     /// Prometheus `/metrics`, `/livez`, `/readyz` (no authentication: keep it on loopback or a
-    /// private network). Its `tls` is ignored.
+    /// private network). Optional `tls` like the rest listener.
     pub observability: ListenerConfig,
 }
 

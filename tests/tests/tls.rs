@@ -140,3 +140,32 @@ async fn kas_to_kas_traffic_uses_mutual_tls() {
     let err = call(kas_e2e::cluster::channel(internal)).await.unwrap_err();
     assert_ne!(err.code(), tonic::Code::NotFound, "reached the service in plaintext: {err:?}");
 }
+
+#[tokio::test]
+async fn the_observability_listener_serves_tls_when_configured() {
+    let c = Cluster::builder()
+        .configure(|config, dir| {
+            let (certificate_file, key_file) = write_cert(dir);
+            config.listeners.observability.tls = Some(kas::config::TlsConfig { certificate_file, key_file });
+        })
+        .start()
+        .await;
+    let port = c.kas[0].addresses.observability.port();
+    let ca = c.dir.path().join("agent.crt");
+    let out = tokio::process::Command::new("curl")
+        .args(["-sS", "--cacert"])
+        .arg(&ca)
+        .arg(format!("https://localhost:{port}/livez"))
+        .output()
+        .await
+        .expect("curl is required");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
+    // Plaintext is refused.
+    let out = tokio::process::Command::new("curl")
+        .args(["-sS", &format!("http://localhost:{port}/livez")])
+        .output()
+        .await
+        .unwrap();
+    assert_ne!(String::from_utf8_lossy(&out.stdout), "ok\n");
+}
