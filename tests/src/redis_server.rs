@@ -27,6 +27,36 @@ impl RedisServer {
         Self::start_with_password(None).await
     }
 
+    /// A server that also serves TLS on a free TCP port, with a self-signed certificate for
+    /// `localhost` (the returned PEM is its own CA). Plain clients still use the unix socket.
+    pub async fn start_tls() -> (Self, u16, Vec<u8>) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("cert");
+        let (cert_file, key_file) = (dir.path().join("redis.crt"), dir.path().join("redis.key"));
+        std::fs::write(&cert_file, cert.cert.pem()).expect("write");
+        std::fs::write(&key_file, cert.signing_key.serialize_pem()).expect("write");
+        // Redis serves TLS only on TCP: a free port picked by the OS (not a fixed one).
+        let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
+        let path = |p: &std::path::Path| p.display().to_string();
+        let extra_args = vec![
+            "--tls-port".to_owned(),
+            port.to_string(),
+            "--bind".to_owned(),
+            "127.0.0.1".to_owned(),
+            "--tls-cert-file".to_owned(),
+            path(&cert_file),
+            "--tls-key-file".to_owned(),
+            path(&key_file),
+            "--tls-ca-cert-file".to_owned(),
+            path(&cert_file),
+            "--tls-auth-clients".to_owned(),
+            "no".to_owned(),
+        ];
+        let mut server = Self { dir, child: None, extra_args, password: None };
+        server.start_again().await;
+        (server, port, cert.cert.pem().into_bytes())
+    }
+
     /// A server that requires this password (`requirepass`) from every client.
     pub async fn start_with_password(password: Option<&str>) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");

@@ -105,3 +105,25 @@ async fn password_from_a_file_authenticates_and_a_wrong_one_is_a_clear_error() {
     let err = RedisRegistry::new(&config, conformance::instance_info(), timing).unwrap_err().to_string();
     assert!(err.contains("redis password file") && err.contains("missing"), "{err}");
 }
+
+#[tokio::test]
+async fn rediss_with_a_private_ca() {
+    let (server, port, ca) = RedisServer::start_tls().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.crt");
+    std::fs::write(&ca_file, ca).unwrap();
+    let timing =
+        RegistryTiming { ttl: std::time::Duration::from_secs(60), heartbeat_ttl: std::time::Duration::from_secs(60) };
+    let url = format!("rediss://localhost:{port}");
+    let mut config = RedisConfig::new(&url);
+    config.ca_cert_file = Some(ca_file);
+    let r = RedisRegistry::new(&config, conformance::instance_info(), timing).unwrap();
+    r.ping().await.expect("TLS to Redis with the private CA");
+    r.heartbeat().await.unwrap();
+    r.register(conformance::record(1, 10, 100)).await.unwrap();
+    assert_eq!(r.connections_by_agent_id(kas_proto::AgentId(1)).await.unwrap().len(), 1);
+    // Without the CA the certificate is not trusted.
+    let untrusting = RedisRegistry::new(&RedisConfig::new(&url), conformance::instance_info(), timing).unwrap();
+    assert!(untrusting.ping().await.is_err());
+    drop(server);
+}

@@ -53,6 +53,9 @@ pub struct RedisConfig {
     /// Prefix of every key and of the events channel; kas sharing a prefix share a registry.
     #[serde(default = "default_prefix")]
     pub key_prefix: String,
+    /// PEM CA to trust for `rediss://` (default: public web roots).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_cert_file: Option<PathBuf>,
     /// Calls slower than this fail (routing falls back to what it knows locally).
     #[serde(default = "default_response_timeout", with = "humantime_serde")]
     pub response_timeout: Duration,
@@ -72,6 +75,7 @@ impl RedisConfig {
             url: url.into(),
             username: None,
             password_file: None,
+            ca_cert_file: None,
             key_prefix: default_prefix(),
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
         }
@@ -173,7 +177,18 @@ impl RedisRegistry {
             settings = settings.set_password(password.trim());
         }
         info = info.set_redis_settings(settings);
-        let client = redis::Client::open(info).map_err(|e| err("client", e))?;
+        let client = match &config.ca_cert_file {
+            Some(path) => {
+                let root_cert = std::fs::read(path)
+                    .map_err(|e| RegistryError(format!("cannot read redis CA file {}: {e}", path.display())))?;
+                redis::Client::build_with_tls(
+                    info,
+                    redis::TlsCertificates { client_tls: None, root_cert: Some(root_cert) },
+                )
+            }
+            None => redis::Client::open(info),
+        }
+        .map_err(|e| err("client", e))?;
         let keys = Keys { prefix: config.key_prefix.clone() };
         let (events, _) = broadcast::channel(EVENT_BUFFER);
         let stop = CancellationToken::new();
