@@ -272,6 +272,7 @@ impl App {
             r = client.get_configuration(req) => r?.into_inner(),
         };
         tracing::info!(%connection_id, kas = %address, "connected to kas");
+        crate::metrics::connected();
         let stop_idle = shutdown.child_token();
         let stop_opening = CancellationToken::new();
         let pool = tokio::spawn(pool::run(PoolContext {

@@ -11,6 +11,7 @@ use crate::app::Status;
 pub const TUNNELS: &str = "agentk_tunnels";
 pub const CONNECTED: &str = "agentk_connected";
 pub const FAILED_CONNECTION_ATTEMPTS: &str = "agentk_failed_connection_attempts_total";
+pub const CONNECTIONS: &str = "agentk_connections_total";
 pub const REQUESTS: &str = "agentk_requests_total";
 pub const API_SERVER_LATENCY: &str = "agentk_api_server_response_seconds";
 pub const BUILD_INFO: &str = "agentk_build_info";
@@ -31,6 +32,7 @@ pub fn handle() -> &'static PrometheusHandle {
         metrics::describe_gauge!(TUNNELS, "Tunnels to kas, by state (idle, in_use)");
         metrics::describe_gauge!(CONNECTED, "1 while connected to kas (presence stream open)");
         metrics::describe_counter!(FAILED_CONNECTION_ATTEMPTS, "Connection attempts to kas that failed");
+        metrics::describe_counter!(CONNECTIONS, "Connections to kas established (the first and every reconnect)");
         metrics::describe_counter!(REQUESTS, "Requests served through tunnels, by module and outcome (ok, error)");
         metrics::describe_histogram!(
             API_SERVER_LATENCY,
@@ -59,4 +61,8 @@ pub fn request(module: &'static str, ok: bool) {
 
 pub fn api_server_latency(took: Duration) {
     metrics::histogram!(API_SERVER_LATENCY).record(took.as_secs_f64());
+}
+
+pub fn connected() {
+    metrics::counter!(CONNECTIONS).increment(1);
 }

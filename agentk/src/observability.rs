@@ -118,12 +118,14 @@ mod tests {
         f.pool.send_replace(PoolStats { idle: 3, in_use: 2 });
         crate::metrics::request("get_pods", true);
         crate::metrics::request("kubernetes_api", false);
+        crate::metrics::connected();
         let (code, body) = get(&f.status, "GET", "/metrics").await;
         assert_eq!(code, StatusCode::OK);
         for expected in [
             r#"agentk_tunnels{state="idle"} 3"#,
             r#"agentk_tunnels{state="in_use"} 2"#,
             "agentk_connected 1",
+            "agentk_connections_total",
             r#"agentk_requests_total{module="get_pods",outcome="ok"}"#,
             r#"agentk_requests_total{module="kubernetes_api",outcome="error"}"#,
             "agentk_build_info{",

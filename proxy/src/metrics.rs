@@ -13,6 +13,7 @@ use crate::tunnel::TunnelStats;
 
 pub const ROUTED: &str = "kas_routed_requests_total";
 pub const ROUTE_DURATION: &str = "kas_route_duration_seconds";
+pub const ROUTE_WAIT: &str = "kas_route_wait_seconds";
 pub const PEER_ERRORS: &str = "kas_peer_forward_errors_total";
 pub const REGISTRY_OPERATIONS: &str = "kas_registry_operations_total";
 pub const REGISTRY_ERRORS: &str = "kas_registry_errors_total";
@@ -76,6 +77,11 @@ fn describe() {
         metrics::Unit::Seconds,
         "Time from a request arriving to its tunnel being found (includes waiting for the agent)"
     );
+    metrics::describe_histogram!(
+        ROUTE_WAIT,
+        metrics::Unit::Seconds,
+        "Time requests waited for their agent to connect (outcomes waited and timed_out)"
+    );
     metrics::describe_counter!(PEER_ERRORS, "kas -> kas forwards that failed, by reason (not_here, unavailable)");
     metrics::describe_counter!(REGISTRY_OPERATIONS, "Registry operations, by operation");
     metrics::describe_counter!(REGISTRY_ERRORS, "Registry operations that failed (e.g. Redis errors), by operation");
@@ -97,6 +103,9 @@ pub fn routed(method: &str, outcome: RouteOutcome, took: Duration) {
     };
     metrics::counter!(ROUTED, "method" => method, "outcome" => outcome.label()).increment(1);
     metrics::histogram!(ROUTE_DURATION, "method" => method).record(took.as_secs_f64());
+    if matches!(outcome, RouteOutcome::Waited | RouteOutcome::TimedOut) {
+        metrics::histogram!(ROUTE_WAIT, "method" => method).record(took.as_secs_f64());
+    }
 }
 
 pub fn peer_error(reason: &'static str) {

@@ -18,7 +18,7 @@ fn sample(metrics: &str, name_and_labels: &str) -> Option<f64> {
 
 #[tokio::test]
 async fn health_and_metrics() {
-    let mut c = Cluster::builder().redis().kas(2).start().await;
+    let mut c = Cluster::builder().redis().kas(2).agents(&[(1, 10), (2, 10)]).start().await;
     let obs = |c: &Cluster, k: usize| format!("http://{}", c.kas[k].addresses.observability);
     assert_eq!(get(&format!("{}/livez", obs(&c, 0))).await.0, 200);
     assert_eq!(get(&format!("{}/readyz", obs(&c, 0))).await, (200, "ok\n".to_owned()));
@@ -38,8 +38,16 @@ async fn health_and_metrics() {
     assert!(local.is_some_and(|v| v >= 1.0), "{metrics}");
     assert!(peer.is_some_and(|v| v >= 1.0), "{metrics}");
     assert!(metrics.contains("kas_route_duration_seconds_bucket"), "{metrics}");
-    // Gauges of this kas (kas 0 holds the agent's connection and its idle tunnels).
-    assert_eq!(sample(&metrics, "kas_agent_connections"), Some(1.0), "{metrics}");
+    // A request that waited for its agent is in the wait histogram.
+    let mut api = c.api(0);
+    let waiting = tokio::spawn(async move { api.get_pods(GetPodsRequest { agent_id: 2, connection_id: 0 }).await });
+    eventually!(c.kas[0].handle.tunnel_stats().await.is_some_and(|s| s.waiting_requests == 1), "parked");
+    let _b = c.start_agentk(2, 0, "agentk-2").await;
+    waiting.await.unwrap().unwrap();
+    let (_, metrics) = get(&format!("{}/metrics", obs(&c, 0))).await;
+    assert!(metrics.contains(r#"kas_route_wait_seconds_count{method="get_pods"}"#), "{metrics}");
+    // Gauges of this kas (kas 0 holds both agents' connections and their idle tunnels).
+    assert_eq!(sample(&metrics, "kas_agent_connections"), Some(2.0), "{metrics}");
     assert!(sample(&metrics, "kas_idle_tunnels").is_some_and(|v| v >= 1.0), "{metrics}");
     assert!(metrics.contains(&format!(r#"kas_build_info{{version="{}""#, kas::VERSION)), "{metrics}");
     assert!(sample(&metrics, r#"kas_registry_operations_total{operation="register"}"#).is_some(), "{metrics}");
