@@ -259,6 +259,17 @@ impl KasProcess {
     }
 }
 
+/// The bound addresses from kas's "kas listening" log line.
+fn listening_addresses(line: &Value) -> kas::Addresses {
+    kas::Addresses {
+        agent: address(line, "agent"),
+        api: address(line, "api"),
+        internal: address(line, "internal"),
+        rest: address(line, "rest"),
+        observability: address(line, "observability"),
+    }
+}
+
 fn address(line: &Value, field: &str) -> SocketAddr {
     let text = line["fields"][field].as_str().unwrap_or_else(|| panic!("no `{field}` in {line}"));
     text.parse().unwrap_or_else(|e| panic!("`{field}` = {text:?} is not an address: {e}"))
@@ -280,13 +291,7 @@ pub async fn start_kas_standalone(work_dir: &Path) -> KasProcess {
         .args(["--log-format", "json", "--log", "info"]);
     let mut process = Process::spawn("kas", cmd);
     let listening = process.wait_for_message("kas listening").await;
-    let addresses = kas::Addresses {
-        agent: address(&listening, "agent"),
-        api: address(&listening, "api"),
-        internal: address(&listening, "internal"),
-        rest: address(&listening, "rest"),
-        observability: address(&listening, "observability"),
-    };
+    let addresses = listening_addresses(&listening);
     let instructions = {
         let lines = process.lines.lock().unwrap();
         lines.iter().filter(|l| serde_json::from_str::<Value>(l).is_err()).cloned().collect::<Vec<_>>().join("\n")
@@ -311,13 +316,7 @@ pub async fn start_kas_with_config(config: &kas::Config, work_dir: &Path) -> Con
     cmd.current_dir(work_dir).arg("--config").arg(&path).args(["--log-format", "json", "--log", "info"]);
     let mut process = Process::spawn("kas", cmd);
     let listening = process.wait_for_message("kas listening").await;
-    let addresses = kas::Addresses {
-        agent: address(&listening, "agent"),
-        api: address(&listening, "api"),
-        internal: address(&listening, "internal"),
-        rest: address(&listening, "rest"),
-        observability: address(&listening, "observability"),
-    };
+    let addresses = listening_addresses(&listening);
     let instance_id = listening["fields"]["kas"].as_str().expect("kas instance id in the log").to_owned();
     ConfiguredKas { process, addresses, instance_id }
 }

@@ -102,9 +102,8 @@ impl AgentRegistry for MemoryRegistry {
         &self.instance
     }
 
-    async fn register(&self, mut info: ConnectedAgentInfo) -> Result<(), RegistryError> {
-        info.kas_instance_id.clone_from(&self.instance.instance_id);
-        info.kas_address.clone_from(&self.instance.address);
+    async fn register(&self, info: ConnectedAgentInfo) -> Result<(), RegistryError> {
+        let info = super::stamped(info, &self.instance);
         let key = record_key(&info);
         self.owned().insert(key);
         self.store.lock().entries.insert(key, Entry { info, expires_at: Instant::now() + self.timing.ttl });

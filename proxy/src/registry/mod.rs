@@ -53,6 +53,13 @@ pub struct RegistryTiming {
     pub heartbeat_ttl: Duration,
 }
 
+/// A record as stored: stamped with the kas instance holding the connection.
+pub(crate) fn stamped(mut info: ConnectedAgentInfo, instance: &KasInstanceInfo) -> ConnectedAgentInfo {
+    info.kas_instance_id.clone_from(&instance.instance_id);
+    info.kas_address.clone_from(&instance.address);
+    info
+}
+
 /// The key of a connection record.
 pub fn record_key(info: &ConnectedAgentInfo) -> (AgentId, ProjectId, ConnectionId) {
     (AgentId(info.id), ProjectId(info.project_id), ConnectionId(info.connection_id))

@@ -315,9 +315,8 @@ impl AgentRegistry for RedisRegistry {
         &self.instance
     }
 
-    async fn register(&self, mut info: ConnectedAgentInfo) -> Result<(), RegistryError> {
-        info.kas_instance_id.clone_from(&self.instance.instance_id);
-        info.kas_address.clone_from(&self.instance.address);
+    async fn register(&self, info: ConnectedAgentInfo) -> Result<(), RegistryError> {
+        let info = super::stamped(info, &self.instance);
         let (agent_id, project_id, connection_id) = record_key(&info);
         let record = OwnedRecord { project_id, info: Bytes::from(info.encode_to_vec()) };
         // Remembered first: if Redis is down, the next refresh writes it.
