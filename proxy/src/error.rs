@@ -102,6 +102,12 @@ impl KasError {
     }
 }
 
+impl From<crate::registry::RegistryError> for KasError {
+    fn from(e: crate::registry::RegistryError) -> Self {
+        Self::Registry(e.0)
+    }
+}
+
 impl From<KasError> for tonic::Status {
     fn from(e: KasError) -> Self {
         if matches!(e, KasError::Internal(_) | KasError::Registry(_)) {

@@ -40,3 +40,12 @@ pub fn init_test_logging() {
     let filter = std::env::var("TEST_LOG").unwrap_or_else(|_| "off".into());
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
 }
+
+/// A request carrying `authorization: Bearer <token>` (agent tokens on hand-driven tunnels).
+pub fn authorized<T>(msg: T, token: &str) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    if let Ok(v) = format!("Bearer {token}").parse() {
+        r.metadata_mut().insert("authorization", v);
+    }
+    r
+}

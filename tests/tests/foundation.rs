@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use base64::Engine;
-use kas_e2e::{Cluster, eventually};
+use kas_e2e::{Cluster, authorized, eventually};
 use kas_proto::kas::{ConnectedAgentsByIdRequest, ConnectedAgentsForProjectRequest, GetPodsRequest, Pod};
 use kas_proto::tunnel::pb::agent_tunnel_client::AgentTunnelClient;
 use kas_proto::tunnel::pb::{self, ConfigurationRequest, ConnectRequest, connect_response};
@@ -256,12 +256,6 @@ async fn internal_listener_takes_only_kas_tokens_and_never_discovers() {
     // The internal API needs the connection named.
     let err = internal.get_pods(GetPodsRequest { agent_id: 1, connection_id: 0 }).await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
-}
-
-fn authorized<T>(msg: T, token: &str) -> tonic::Request<T> {
-    let mut r = tonic::Request::new(msg);
-    r.metadata_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
-    r
 }
 
 #[tokio::test]

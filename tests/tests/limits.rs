@@ -2,7 +2,7 @@
 //! a streaming request holds its slot for as long as it streams.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
-use kas_e2e::{Cluster, eventually};
+use kas_e2e::{Cluster, authorized, eventually};
 use kas_proto::kas::{GetPodsRequest, KubernetesRequest};
 use kas_proto::kubernetes_api::{HttpFrame, HttpRequestHead, http_frame};
 use tokio::sync::mpsc;
@@ -66,12 +66,6 @@ async fn the_kas_wide_limit_applies_across_agents() {
     assert_eq!(err.code(), Code::ResourceExhausted);
     assert!(err.message().contains("kas is at its limit of 1 concurrent requests"), "{}", err.message());
     drop(tx);
-}
-
-fn authorized<T>(msg: T, token: &str) -> tonic::Request<T> {
-    let mut r = tonic::Request::new(msg);
-    r.metadata_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
-    r
 }
 
 #[tokio::test]

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use kas_e2e::process::start_kas_with_config;
-use kas_e2e::{Cluster, FakeKube, eventually};
+use kas_e2e::{Cluster, FakeKube, authorized, eventually};
 use kas_proto::kas::{ConnectedAgentsByIdRequest, GetPodsRequest};
 use kas_proto::tunnel::pb::agent_tunnel_client::AgentTunnelClient;
 use kas_proto::tunnel::pb::{self, ConfigurationRequest, ConnectRequest, connect_response};
@@ -200,12 +200,6 @@ async fn redis_restart_keeps_local_routing_working_and_records_come_back() {
     let refresh = c.config.registry.refresh_period;
     assert!(restarted.elapsed() <= refresh + Duration::from_secs(1), "took {:?}", restarted.elapsed());
     c.api(0).get_pods(get_pods(1, 0)).await.expect("works after the restart");
-}
-
-fn authorized<T>(msg: T, token: &str) -> tonic::Request<T> {
-    let mut r = tonic::Request::new(msg);
-    r.metadata_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
-    r
 }
 
 #[tokio::test]

@@ -339,8 +339,4 @@ impl Router {
     pub fn registry(&self) -> &Arc<dyn AgentRegistry> {
         &self.registry
     }
-
-    pub fn tunnels(&self) -> &TunnelRegistry {
-        &self.tunnels
-    }
 }

@@ -98,12 +98,8 @@ impl KasApi for ApiService {
     ) -> Result<Response<ConnectedAgentsForProjectResponse>, Status> {
         let project_id = request.into_inner().project_id;
         positive("project_id", project_id)?;
-        let agents = self
-            .router
-            .registry()
-            .connections_by_project_id(ProjectId(project_id))
-            .await
-            .map_err(|e| KasError::Registry(e.0))?;
+        let agents =
+            self.router.registry().connections_by_project_id(ProjectId(project_id)).await.map_err(KasError::from)?;
         Ok(Response::new(ConnectedAgentsForProjectResponse { agents }))
     }
 
@@ -113,12 +109,7 @@ impl KasApi for ApiService {
     ) -> Result<Response<ConnectedAgentsByIdResponse>, Status> {
         let agent_id = request.into_inner().agent_id;
         positive("agent_id", agent_id)?;
-        let agents = self
-            .router
-            .registry()
-            .connections_by_agent_id(AgentId(agent_id))
-            .await
-            .map_err(|e| KasError::Registry(e.0))?;
+        let agents = self.router.registry().connections_by_agent_id(AgentId(agent_id)).await.map_err(KasError::from)?;
         Ok(Response::new(ConnectedAgentsByIdResponse { agents }))
     }
 

@@ -269,12 +269,8 @@ async fn connected_agents_by_id(
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Json<ConnectionsResponse>, KasError> {
     let agent_id = path_id("agent_id", path)?;
-    let connections = state
-        .router
-        .registry()
-        .connections_by_agent_id(AgentId(agent_id))
-        .await
-        .map_err(|e| KasError::Registry(e.0))?;
+    let connections =
+        state.router.registry().connections_by_agent_id(AgentId(agent_id)).await.map_err(KasError::from)?;
     Ok(Json(ConnectionsResponse { connections: connections.into_iter().map(Into::into).collect() }))
 }
 
@@ -302,12 +298,8 @@ async fn connected_agents_for_project(
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Json<ConnectionsResponse>, KasError> {
     let project_id = path_id("project_id", path)?;
-    let connections = state
-        .router
-        .registry()
-        .connections_by_project_id(ProjectId(project_id))
-        .await
-        .map_err(|e| KasError::Registry(e.0))?;
+    let connections =
+        state.router.registry().connections_by_project_id(ProjectId(project_id)).await.map_err(KasError::from)?;
     Ok(Json(ConnectionsResponse { connections: connections.into_iter().map(Into::into).collect() }))
 }
 
