@@ -18,7 +18,7 @@ use tonic::transport::{Identity, Server, ServerTlsConfig};
 
 use crate::auth::{JwtVerifier, Secret, StaticAgents, TokenVerifier};
 use crate::config::{Config, ConfigError, ListenerConfig};
-use crate::modules::configuration::ConfigurationSource;
+use crate::modules::configuration::{AgentConfigurations, ConfigurationSource};
 use crate::registry::{AgentRegistry, MemoryRegistry, MemoryStore, RedisRegistry, new_instance_id};
 use crate::router::Router;
 use crate::router::peers::Peers;
@@ -45,6 +45,8 @@ pub enum AppError {
     Agents(#[from] crate::auth::agent_token::StaticAgentsError),
     #[error(transparent)]
     Gitlab(#[from] crate::auth::gitlab::GitlabSetupError),
+    #[error(transparent)]
+    Git(#[from] crate::modules::configuration::mirror::MirrorSetupError),
     #[error("cannot bind the {listener} listener on {address}: {source}")]
     Bind { listener: &'static str, address: SocketAddr, source: std::io::Error },
     #[error("the {listener} listener failed: {source}")]
@@ -76,7 +78,7 @@ pub struct Bound {
     addresses: Addresses,
     gitlab_secret: Secret,
     internal_secret: Secret,
-    agents: Arc<StaticAgents>,
+    configurations: Arc<AgentConfigurations>,
     verifier: Arc<dyn TokenVerifier>,
     registry: Arc<dyn AgentRegistry>,
     tunnels_handle: Arc<std::sync::OnceLock<TunnelRegistry>>,
@@ -192,11 +194,14 @@ impl App {
             None => StaticAgents::new(Default::default()),
         });
         let verifier: Arc<dyn TokenVerifier> = match &config.gitlab.address {
-            Some(address) => {
-                Arc::new(crate::auth::GitlabVerifier::new(&config.gitlab, address, gitlab_secret.clone())?)
-            }
+            Some(address) => Arc::new(
+                crate::auth::GitlabVerifier::new(&config.gitlab, address, gitlab_secret.clone())?
+                    .with_overrides(agents.clone()),
+            ),
             None => agents.clone(),
         };
+        let configurations =
+            Arc::new(AgentConfigurations::new(&config.agents.git, config.agents.configuration_poll_period)?);
         let tls = ListenerTls {
             agent: load_tls("agent", &config.listeners.agent)?,
             api: load_tls("api", &config.listeners.api)?,
@@ -274,7 +279,7 @@ impl App {
             addresses,
             gitlab_secret,
             internal_secret,
-            agents,
+            configurations,
             verifier,
             registry,
             tunnels_handle: Arc::default(),
@@ -312,7 +317,7 @@ impl Bound {
             addresses,
             gitlab_secret,
             internal_secret,
-            agents,
+            configurations,
             verifier,
             registry,
             tunnels_handle,
@@ -335,7 +340,7 @@ impl Bound {
         if let Err(e) = registry.heartbeat().await {
             tracing::warn!(error = %e, "first registry heartbeat failed; retrying periodically");
         }
-        let configurations: Arc<dyn ConfigurationSource> = agents;
+        let configurations: Arc<dyn ConfigurationSource> = configurations;
 
         let agent_service = AgentService {
             verifier,

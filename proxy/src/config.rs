@@ -51,6 +51,15 @@ pub struct Config {
 
 /// Agent configurations (Git) are re-read this often per open presence stream.
 pub const DEFAULT_CONFIGURATION_POLL_PERIOD: Duration = Duration::from_secs(20);
+/// Largest agent configuration file (as GitLab's kas).
+pub const DEFAULT_MAX_CONFIG_BYTES: u64 = 128 * 1024;
+pub const DEFAULT_GIT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_GIT_FETCH_TIMEOUT: Duration = Duration::from_secs(30);
+/// Repository polls per second and burst (GitLab's kas limits Gitaly calls to 30/s, burst 70).
+pub const DEFAULT_GIT_POLL_RATE: u32 = 30;
+pub const DEFAULT_GIT_POLL_BURST: u32 = 70;
+/// The agent's configuration project over HTTP(S) from GitLab itself.
+pub const DEFAULT_GITLAB_REPOSITORY_URL: &str = "{gitlab}/{project_path}.git";
 /// GitLab mode: kas -> GitLab request timeouts.
 pub const DEFAULT_GITLAB_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_GITLAB_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -150,7 +159,13 @@ pub struct GitlabConfig {
     #[serde(with = "humantime_serde")]
     pub request_timeout: Duration,
     pub agent_info_cache: AgentInfoCacheConfig,
-    pub rate_limit: GitlabRateLimitConfig,
+    pub rate_limit: RateLimitConfig,
+    /// Where kas fetches an agent's configuration project from (GitLab's own kas uses Gitaly;
+    /// this kas speaks Git's HTTP protocol, or reads a local path). Placeholders, from GitLab's
+    /// agent_info: `{gitlab}` (gitlab.address), `{project_path}` (`group/project`),
+    /// `{relative_path}` and `{storage_name}` (Gitaly's storage location), `{gl_repository}`.
+    /// A value that is not an http(s) URL is a local path (e.g. Gitaly's storage directory).
+    pub repository_url: String,
 }
 
 impl Default for GitlabConfig {
@@ -162,7 +177,8 @@ impl Default for GitlabConfig {
             connect_timeout: DEFAULT_GITLAB_CONNECT_TIMEOUT,
             request_timeout: DEFAULT_GITLAB_REQUEST_TIMEOUT,
             agent_info_cache: AgentInfoCacheConfig::default(),
-            rate_limit: GitlabRateLimitConfig::default(),
+            rate_limit: RateLimitConfig::default(),
+            repository_url: DEFAULT_GITLAB_REPOSITORY_URL.to_owned(),
         }
     }
 }
@@ -191,10 +207,10 @@ impl Default for AgentInfoCacheConfig {
     }
 }
 
-/// A token bucket limiting kas -> GitLab requests.
+/// A token bucket (kas -> GitLab requests; Git repository polls).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct GitlabRateLimitConfig {
+pub struct RateLimitConfig {
     /// Sustained requests per second.
     pub requests_per_second: u32,
     /// Requests allowed at once after a quiet period (the bucket size).
@@ -205,12 +221,61 @@ pub struct GitlabRateLimitConfig {
     pub max_wait: Duration,
 }
 
-impl Default for GitlabRateLimitConfig {
+impl Default for RateLimitConfig {
     fn default() -> Self {
         Self {
             requests_per_second: DEFAULT_GITLAB_RATE,
             burst: DEFAULT_GITLAB_BURST,
             max_wait: DEFAULT_GITLAB_RATE_MAX_WAIT,
+        }
+    }
+}
+
+/// Agent configurations from Git repositories (local paths, or remote over HTTP(S)).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentGitConfig {
+    /// Largest `config.yaml` accepted; a larger one is FAILED_PRECONDITION.
+    pub max_config_bytes: u64,
+    /// Where kas keeps its copies (bare mirrors, one branch each) of remote repositories.
+    /// Default: a temporary directory, removed when kas stops.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mirror_dir: Option<PathBuf>,
+    /// HTTP basic credentials for remote repositories (for GitLab: any user name and a token
+    /// with `read_repository`). The password is read from a file and never logged.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub password_file: Option<PathBuf>,
+    /// PEM CA certificates trusted for https repositories (in addition to the system's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ca_cert_file: Option<PathBuf>,
+    /// Connecting to a remote repository fails after this long.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// Each HTTP request of a fetch fails after this long.
+    #[serde(with = "humantime_serde")]
+    pub fetch_timeout: Duration,
+    /// All repository polls of this kas (local reads and remote fetches) share this bucket; a
+    /// poll that would wait longer than `max_wait` is skipped until the next period.
+    pub rate_limit: RateLimitConfig,
+}
+
+impl Default for AgentGitConfig {
+    fn default() -> Self {
+        Self {
+            max_config_bytes: DEFAULT_MAX_CONFIG_BYTES,
+            mirror_dir: None,
+            username: None,
+            password_file: None,
+            ca_cert_file: None,
+            connect_timeout: DEFAULT_GIT_CONNECT_TIMEOUT,
+            fetch_timeout: DEFAULT_GIT_FETCH_TIMEOUT,
+            rate_limit: RateLimitConfig {
+                requests_per_second: DEFAULT_GIT_POLL_RATE,
+                burst: DEFAULT_GIT_POLL_BURST,
+                max_wait: DEFAULT_GITLAB_RATE_MAX_WAIT,
+            },
         }
     }
 }
@@ -262,11 +327,17 @@ pub struct AgentsConfig {
     /// a changed commit is sent to agentk.
     #[serde(with = "humantime_serde")]
     pub configuration_poll_period: Duration,
+    /// Reading configurations from Git repositories.
+    pub git: AgentGitConfig,
 }
 
 impl Default for AgentsConfig {
     fn default() -> Self {
-        Self { static_file: None, configuration_poll_period: DEFAULT_CONFIGURATION_POLL_PERIOD }
+        Self {
+            static_file: None,
+            configuration_poll_period: DEFAULT_CONFIGURATION_POLL_PERIOD,
+            git: AgentGitConfig::default(),
+        }
     }
 }
 
@@ -527,6 +598,28 @@ impl Config {
                 message: "must be greater than zero".into(),
             });
         }
+        let git = &self.agents.git;
+        if git.rate_limit.requests_per_second == 0 || git.rate_limit.burst == 0 {
+            return Err(ConfigError::Invalid {
+                key: "agents.git.rate_limit",
+                message: "requests_per_second and burst must be greater than zero".into(),
+            });
+        }
+        if git.max_config_bytes == 0 {
+            return Err(ConfigError::Invalid {
+                key: "agents.git.max_config_bytes",
+                message: "must be greater than zero".into(),
+            });
+        }
+        if git.username.is_some() != git.password_file.is_some() {
+            return Err(ConfigError::Invalid {
+                key: "agents.git.password_file",
+                message: "agents.git.username and agents.git.password_file go together".into(),
+            });
+        }
+        if let Err(message) = crate::modules::configuration::RepositoryUrlTemplate::parse(&self.gitlab.repository_url) {
+            return Err(ConfigError::Invalid { key: "gitlab.repository_url", message });
+        }
         if self.gitlab.agent_info_cache.max_entries == 0 {
             return Err(ConfigError::Invalid {
                 key: "gitlab.agent_info_cache.max_entries",
@@ -539,6 +632,8 @@ impl Config {
             ("gitlab.request_timeout", self.gitlab.request_timeout),
             ("gitlab.agent_info_cache.ttl", self.gitlab.agent_info_cache.ttl),
             ("agents.configuration_poll_period", self.agents.configuration_poll_period),
+            ("agents.git.connect_timeout", self.agents.git.connect_timeout),
+            ("agents.git.fetch_timeout", self.agents.git.fetch_timeout),
             ("rest.request_timeout", self.rest.request_timeout),
             ("registry.ttl", self.registry.ttl),
             ("registry.refresh_period", self.registry.refresh_period),
@@ -637,6 +732,26 @@ mod tests {
         assert_eq!(parsed, expected);
     }
 
+    /// Every option with a default value is shown (written out or commented) in the example.
+    #[test]
+    fn example_config_shows_every_option() {
+        fn keys(v: &serde_norway::Value, out: &mut Vec<String>) {
+            if let serde_norway::Value::Mapping(m) = v {
+                for (k, v) in m {
+                    if let Some(k) = k.as_str() {
+                        out.push(k.to_owned());
+                    }
+                    keys(v, out);
+                }
+            }
+        }
+        let mut all = Vec::new();
+        keys(&serde_norway::to_value(Config::default()).unwrap(), &mut all);
+        for key in all {
+            assert!(example().contains(&format!("{key}:")), "config.example.yaml does not show `{key}`");
+        }
+    }
+
     #[test]
     fn unknown_keys_are_named() {
         let e = Config::parse("listeners:\n  api:\n    adress: 1.2.3.4:5\n").unwrap_err();
@@ -668,5 +783,15 @@ mod tests {
         assert!(c.validate().unwrap_err().to_string().contains("rest.cors.allowed_origins"));
         c.rest.cors.allowed_origins = vec!["https://ok.example".into(), "*".into()];
         c.validate().unwrap();
+        let mut c = Config::parse(example()).unwrap();
+        c.gitlab.repository_url = "{gitlab}/{project}.git".into();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("gitlab.repository_url") && e.contains("unknown placeholder {project}"), "{e}");
+        let mut c = Config::parse(example()).unwrap();
+        c.agents.git.username = Some("kas".into());
+        assert!(c.validate().unwrap_err().to_string().contains("agents.git.password_file"));
+        let mut c = Config::parse(example()).unwrap();
+        c.agents.git.fetch_timeout = Duration::ZERO;
+        assert!(c.validate().unwrap_err().to_string().contains("agents.git.fetch_timeout"));
     }
 }

@@ -21,6 +21,13 @@ pub enum KasError {
     /// The agent's configuration file is invalid (too large, unknown keys, bad YAML).
     #[error("{0}")]
     InvalidAgentConfiguration(String),
+    /// A configuration repository could not be read or fetched (transient).
+    #[error("{0}")]
+    GitUnavailable(String),
+    /// kas's own rate limit (towards GitLab or Git servers) refused the request. Not an answer
+    /// from the backend, so never cached beyond concurrent callers.
+    #[error("{0}")]
+    RateLimited(String),
     /// The request itself is malformed (bad id, bad parameter).
     #[error("{0}")]
     InvalidArgument(String),
@@ -68,6 +75,7 @@ impl KasError {
             Self::PermissionDenied(_) => (Code::PermissionDenied, S::FORBIDDEN),
             Self::GitlabUnavailable(_) => (Code::Unavailable, S::SERVICE_UNAVAILABLE),
             Self::InvalidAgentConfiguration(_) => (Code::FailedPrecondition, S::PRECONDITION_FAILED),
+            Self::GitUnavailable(_) | Self::RateLimited(_) => (Code::Unavailable, S::SERVICE_UNAVAILABLE),
             Self::InvalidArgument(_) => (Code::InvalidArgument, S::BAD_REQUEST),
             Self::AgentNotConnected { .. } | Self::ConnectionNotConnected { .. } => {
                 (Code::Unavailable, S::SERVICE_UNAVAILABLE)

@@ -190,6 +190,7 @@ fn add_agent(
         token_sha256: token_sha256_hex(&token),
         configuration: None,
         configuration_repository: None,
+        configuration_branch: None,
     };
     // Validate first (nothing written on a bad request), then store the token, then register the
     // agent: an agent registered without a saved token would be unusable.

@@ -71,6 +71,7 @@ pub fn ensure_dev_setup(dir: &Path) -> Result<DevSetup, DevSetupError> {
                 token_sha256: token_sha256_hex(&token),
                 configuration: None,
                 configuration_repository: None,
+                configuration_branch: None,
             }],
         };
         // Token first: an agents file without its token would lock the dev agent out.

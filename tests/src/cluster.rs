@@ -21,6 +21,7 @@ use tonic::transport::Channel;
 
 use crate::fake_gitlab::{FakeGitlab, GitlabAgent};
 use crate::fake_kube::FakeKube;
+use crate::git_http::{GitHttpServer, GitRepo};
 use crate::redis_server::RedisServer;
 
 /// An agent in the static agents file of the cluster.
@@ -42,6 +43,7 @@ pub struct ClusterBuilder {
     edits: Vec<ConfigEdit>,
     redis: bool,
     gitlab: bool,
+    gitlab_tls: bool,
 }
 
 impl Default for ClusterBuilder {
@@ -53,6 +55,7 @@ impl Default for ClusterBuilder {
             edits: Vec::new(),
             redis: false,
             gitlab: false,
+            gitlab_tls: false,
         }
     }
 }
@@ -111,6 +114,14 @@ impl ClusterBuilder {
         self
     }
 
+    /// GitLab mode ([`ClusterBuilder::gitlab`]) with the fake serving HTTPS
+    /// ([`FakeGitlab::start_tls`]) and its CA certificate as kas's `gitlab.ca_cert_file`.
+    pub fn gitlab_tls(mut self) -> Self {
+        self.gitlab = true;
+        self.gitlab_tls = true;
+        self
+    }
+
     /// kas's routing.max_wait.
     pub fn max_wait(mut self, d: Duration) -> Self {
         self.max_wait = d;
@@ -139,6 +150,7 @@ impl ClusterBuilder {
                 token_sha256: token_sha256_hex(&token),
                 configuration: configuration.clone(),
                 configuration_repository: None,
+                configuration_branch: None,
             });
             agents.push(TestAgent { id, project_id, token, token_file, configuration });
         }
@@ -168,7 +180,13 @@ impl ClusterBuilder {
             None
         };
         let gitlab = if self.gitlab {
-            let fake = FakeGitlab::start(&gitlab_secret).await;
+            let fake = if self.gitlab_tls {
+                let fake = FakeGitlab::start_tls(&gitlab_secret).await;
+                config.gitlab.ca_cert_file = fake.ca_file().map(std::path::Path::to_path_buf);
+                fake
+            } else {
+                FakeGitlab::start(&gitlab_secret).await
+            };
             for a in &agents {
                 let agent = GitlabAgent { agent_id: a.id, project_id: a.project_id, name: format!("agent-{}", a.id) };
                 fake.add_agent(&a.token, agent);
@@ -176,6 +194,24 @@ impl ClusterBuilder {
             config.gitlab.address = Some(fake.url());
             config.agents.static_file = None;
             Some(fake)
+        } else {
+            None
+        };
+        // GitLab mode reads each agent's configuration project: serve one repository per
+        // project (where the fake GitLab's agent_info says it is) over Git's HTTP protocol.
+        let mut projects = std::collections::BTreeMap::new();
+        let git = if self.gitlab {
+            let root = dir.path().join("git");
+            for a in &agents {
+                projects.entry(a.project_id).or_insert_with(|| {
+                    let repo = GitRepo::create_in(&root, &format!("{}.git", project_path(a.project_id)));
+                    repo.commit("README.md", b"agent configuration project\n");
+                    repo
+                });
+            }
+            let server = GitHttpServer::start(&root).await;
+            config.gitlab.repository_url = format!("{}/{{project_path}}.git", server.url());
+            Some(server)
         } else {
             None
         };
@@ -195,6 +231,8 @@ impl ClusterBuilder {
             kas: Vec::new(),
             redis,
             gitlab,
+            git,
+            projects,
         };
         for _ in 0..self.kas_count {
             let k = cluster.start_kas().await;
@@ -218,6 +256,15 @@ pub struct Cluster {
     pub redis: Option<RedisServer>,
     /// The fake GitLab verifying agent tokens (`ClusterBuilder::gitlab`).
     pub gitlab: Option<FakeGitlab>,
+    /// GitLab mode: the Git server of the agents' configuration projects, and each project's
+    /// repository by project id (commit `.gitlab/agents/agent-<id>/config.yaml` to configure).
+    pub git: Option<GitHttpServer>,
+    pub projects: std::collections::BTreeMap<i64, GitRepo>,
+}
+
+/// Where the fake GitLab says a project's repository is (`gitaly_repository.gl_project_path`).
+pub fn project_path(project_id: i64) -> String {
+    format!("group/project-{project_id}")
 }
 
 pub struct KasHandle {

@@ -7,22 +7,28 @@
 //! interoperates with GitLab's rules rather than agreeing with itself. A failed check is a 401.
 //! Then it looks the `Authorization: Bearer <agent token>` up: unknown or revoked → 401,
 //! forbidden → 403, known → the documented agent_info JSON.
+//!
+//! [`FakeGitlab::start_tls`] serves HTTPS with a self-signed certificate (its own CA, see
+//! [`FakeGitlab::ca_file`]); [`FakeGitlab::redirect_to`] makes it answer with a redirect.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{RawQuery, State};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use kas::auth::Secret;
 use serde_json::json;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::mpsc;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 /// An agent as GitLab knows it.
@@ -39,6 +45,8 @@ struct Inner {
     forbidden: HashSet<String>,
     /// Answer every request with this status (GitLab failing), after the JWT check.
     fail_with: Option<StatusCode>,
+    /// Answer requests without a query string with this redirect (status, `Location`).
+    redirect: Option<(StatusCode, String)>,
     delay: Duration,
 }
 
@@ -47,6 +55,15 @@ struct Shared {
     inner: Mutex<Inner>,
     requests: AtomicUsize,
     jwt_rejections: AtomicUsize,
+    query_requests: AtomicUsize,
+    tls_handshake_failures: AtomicUsize,
+}
+
+/// The TLS side of a fake started with [`FakeGitlab::start_tls`].
+struct Tls {
+    ca_pem: String,
+    ca_file: PathBuf,
+    _dir: tempfile::TempDir,
 }
 
 /// Handle to a running fake GitLab; the server stops when the last handle is dropped.
@@ -54,6 +71,7 @@ struct Shared {
 pub struct FakeGitlab {
     shared: Arc<Shared>,
     addr: SocketAddr,
+    tls: Option<Arc<Tls>>,
     _stop_on_drop: Arc<DropGuard>,
 }
 
@@ -62,25 +80,93 @@ impl FakeGitlab {
     pub async fn start(secret: &Secret) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind fake gitlab");
         let addr = listener.local_addr().expect("addr");
-        let shared = Arc::new(Shared {
-            key: DecodingKey::from_secret(secret.bytes()),
-            inner: Mutex::default(),
-            requests: AtomicUsize::new(0),
-            jwt_rejections: AtomicUsize::new(0),
-        });
-        let app =
-            Router::new().route("/api/v4/internal/kubernetes/agent_info", get(agent_info)).with_state(shared.clone());
+        let shared = Shared::new(secret);
+        let app = router(&shared);
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await;
         });
-        Self { shared, addr, _stop_on_drop: Arc::new(shutdown.drop_guard()) }
+        Self { shared, addr, tls: None, _stop_on_drop: Arc::new(shutdown.drop_guard()) }
     }
 
-    /// GitLab's base URL, e.g. `http://127.0.0.1:40123`.
+    /// Like [`FakeGitlab::start`], serving HTTPS with a fresh self-signed certificate for
+    /// `localhost` and `127.0.0.1` (its own CA: [`FakeGitlab::ca_file`]). TLS handshakes run
+    /// concurrently, off the accept loop; failed ones are counted
+    /// ([`FakeGitlab::tls_handshake_failures`]).
+    pub async fn start_tls(secret: &Secret) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+            .expect("certificate");
+        let ca_pem = cert.cert.pem();
+        let ca_file = dir.path().join("gitlab.crt");
+        let key_file = dir.path().join("gitlab.key");
+        std::fs::write(&ca_file, &ca_pem).expect("write cert");
+        std::fs::write(&key_file, cert.signing_key.serialize_pem()).expect("write key");
+        // rustls's server config, built by kas's loader (the tests crate does not depend on
+        // rustls itself); the HTTP serving below is axum's, not kas's.
+        let acceptor = kas::server::rest_serve::tls_acceptor(&kas::config::TlsConfig {
+            certificate_file: ca_file.clone(),
+            key_file,
+        })
+        .expect("fake gitlab TLS config");
+
+        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind fake gitlab");
+        let addr = tcp.local_addr().expect("addr");
+        let shared = Shared::new(secret);
+        let app = router(&shared);
+        let shutdown = CancellationToken::new();
+        let (tx, rx) = mpsc::channel(16);
+        let stop = shutdown.clone();
+        let counters = shared.clone();
+        tokio::spawn(async move {
+            loop {
+                let (stream, peer) = tokio::select! {
+                    () = stop.cancelled() => break,
+                    accepted = tcp.accept() => match accepted {
+                        Ok(a) => a,
+                        Err(_) => continue,
+                    },
+                };
+                let (acceptor, tx, counters) = (acceptor.clone(), tx.clone(), counters.clone());
+                tokio::spawn(async move {
+                    match acceptor.accept(stream).await {
+                        Ok(tls) => {
+                            let _ = tx.send((Box::new(tls) as Box<dyn Io>, peer)).await;
+                        }
+                        Err(_) => {
+                            counters.tls_handshake_failures.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                });
+            }
+        });
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            let listener = TlsListener { handshaken: rx, addr };
+            let _ = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await;
+        });
+        let tls = Tls { ca_pem, ca_file, _dir: dir };
+        Self { shared, addr, tls: Some(Arc::new(tls)), _stop_on_drop: Arc::new(shutdown.drop_guard()) }
+    }
+
+    /// GitLab's base URL: `http://127.0.0.1:40123`, or `https://localhost:40123` over TLS.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        if self.tls.is_some() {
+            format!("https://localhost:{}", self.addr.port())
+        } else {
+            format!("http://{}", self.addr)
+        }
+    }
+
+    /// The PEM certificate (its own CA) of a fake serving TLS.
+    pub fn ca_pem(&self) -> Option<&str> {
+        self.tls.as_ref().map(|t| t.ca_pem.as_str())
+    }
+
+    /// A file holding [`FakeGitlab::ca_pem`] (lives as long as the fake), for `gitlab.ca_cert_file`.
+    pub fn ca_file(&self) -> Option<&Path> {
+        self.tls.as_ref().map(|t| t.ca_file.as_path())
     }
 
     /// Registers an agent token.
@@ -103,6 +189,14 @@ impl FakeGitlab {
         self.shared.inner.lock().unwrap().fail_with = status;
     }
 
+    /// agent_info requests without a query string are answered with this redirect (status and
+    /// `Location`), before any check; requests with a query string (e.g. a `Location` of
+    /// `{url}/api/v4/internal/kubernetes/agent_info?redirected=1`) are served normally.
+    /// `None` stops redirecting.
+    pub fn redirect_to(&self, redirect: Option<(StatusCode, String)>) {
+        self.shared.inner.lock().unwrap().redirect = redirect;
+    }
+
     /// Every answer is delayed this long (makes concurrent requests overlap).
     pub fn set_delay(&self, delay: Duration) {
         self.shared.inner.lock().unwrap().delay = delay;
@@ -113,9 +207,65 @@ impl FakeGitlab {
         self.shared.requests.load(Ordering::SeqCst)
     }
 
+    /// agent_info requests that carried a query string (a followed redirect, see
+    /// [`FakeGitlab::redirect_to`]).
+    pub fn query_requests(&self) -> usize {
+        self.shared.query_requests.load(Ordering::SeqCst)
+    }
+
+    /// TLS handshakes that failed (e.g. the client did not trust the certificate).
+    pub fn tls_handshake_failures(&self) -> usize {
+        self.shared.tls_handshake_failures.load(Ordering::SeqCst)
+    }
+
     /// Requests refused because their `Gitlab-Kas-Api-Request` JWT failed a check.
     pub fn jwt_rejections(&self) -> usize {
         self.shared.jwt_rejections.load(Ordering::SeqCst)
+    }
+}
+
+impl Shared {
+    fn new(secret: &Secret) -> Arc<Self> {
+        Arc::new(Self {
+            key: DecodingKey::from_secret(secret.bytes()),
+            inner: Mutex::default(),
+            requests: AtomicUsize::new(0),
+            jwt_rejections: AtomicUsize::new(0),
+            query_requests: AtomicUsize::new(0),
+            tls_handshake_failures: AtomicUsize::new(0),
+        })
+    }
+}
+
+fn router(shared: &Arc<Shared>) -> Router {
+    Router::new().route("/api/v4/internal/kubernetes/agent_info", get(agent_info)).with_state(shared.clone())
+}
+
+/// A connection after its TLS handshake, type-erased (the tests crate cannot name
+/// `tokio_rustls::server::TlsStream`).
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+/// Hands axum the connections whose TLS handshake succeeded.
+struct TlsListener {
+    handshaken: mpsc::Receiver<(Box<dyn Io>, SocketAddr)>,
+    addr: SocketAddr,
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = Box<dyn Io>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.handshaken.recv().await {
+            Some(connection) => connection,
+            // The accept loop stopped: the fake is shutting down.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(self.addr)
     }
 }
 
@@ -124,8 +274,13 @@ fn unauthorized(message: &str) -> Response {
         .into_response()
 }
 
-async fn agent_info(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
+async fn agent_info(State(shared): State<Arc<Shared>>, RawQuery(query): RawQuery, headers: HeaderMap) -> Response {
     shared.requests.fetch_add(1, Ordering::SeqCst);
+    if query.is_some() {
+        shared.query_requests.fetch_add(1, Ordering::SeqCst);
+    } else if let Some((status, location)) = shared.inner.lock().unwrap().redirect.clone() {
+        return (status, [(header::LOCATION, location)]).into_response();
+    }
     // GitLab's Gitlab::Kas.verify_api_request: HS256, iss gitlab-kas, aud gitlab, exp.
     let jwt = headers.get("gitlab-kas-api-request").and_then(|v| v.to_str().ok()).unwrap_or_default();
     let mut validation = Validation::new(Algorithm::HS256);
@@ -167,7 +322,7 @@ async fn agent_info(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Re
             "storage_name": "default",
             "relative_path": format!("@hashed/{}.git", a.project_id),
             "gl_repository": format!("project-{}", a.project_id),
-            "gl_project_path": format!("group/project-{}", a.project_id),
+            "gl_project_path": crate::cluster::project_path(a.project_id),
         },
         "default_branch": "main",
         "added_by_a_future_gitlab": true,

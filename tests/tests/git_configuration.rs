@@ -3,54 +3,25 @@
 //! presence stream with FAILED_PRECONDITION while agentk keeps its last good configuration.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use kas::auth::agent_token::StaticAgentsFile;
-use kas_e2e::{Cluster, eventually};
+use kas_e2e::{Cluster, GitHttpOptions, GitHttpServer, GitRepo, eventually};
 use kas_proto::tunnel::pb::agent_tunnel_client::AgentTunnelClient;
 use kas_proto::tunnel::pb::{ConfigurationRequest, ConfigurationResponse};
 use tonic::Code;
 
 const CONFIG: &str = ".gitlab/agents/agent-1/config.yaml";
 
-/// A bare repository (default branch `main`) and a work tree pushing to it, via the git CLI.
-struct Repo {
-    bare: PathBuf,
-    work: PathBuf,
-    _dir: tempfile::TempDir,
+fn logging(level: &str) -> Vec<u8> {
+    format!("observability:\n  logging:\n    level: {level}\n").into_bytes()
 }
 
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args(["-c", "user.name=kas-test", "-c", "user.email=kas@test.invalid"])
-        .args(args)
-        .output()
-        .expect("git must be installed");
-    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
-
-impl Repo {
-    fn new() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        git(dir.path(), &["init", "-q", "--bare", "--initial-branch=main", "config.git"]);
-        git(dir.path(), &["init", "-q", "--initial-branch=main", "work"]);
-        Self { bare: dir.path().join("config.git"), work: dir.path().join("work"), _dir: dir }
-    }
-
-    fn commit(&self, content: &str) -> String {
-        let file = self.work.join(CONFIG);
-        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
-        std::fs::write(&file, content).unwrap();
-        git(&self.work, &["add", "-A"]);
-        git(&self.work, &["commit", "-q", "-m", "change"]);
-        git(&self.work, &["push", "-q", self.bare.to_str().unwrap(), "main"]);
-        git(&self.work, &["rev-parse", "HEAD"])
-    }
+/// Points agent `index` of the cluster's static agents file at `repository`.
+fn set_repository(path: &std::path::Path, index: usize, repository: String) {
+    let mut file = StaticAgentsFile::load(path).unwrap();
+    file.agents[index].configuration_repository = Some(repository);
+    file.save(path).unwrap();
 }
 
 fn level(r: &ConfigurationResponse) -> String {
@@ -58,26 +29,33 @@ fn level(r: &ConfigurationResponse) -> String {
 }
 
 async fn presence(c: &Cluster, commit_id: &str) -> Result<tonic::Streaming<ConfigurationResponse>, tonic::Status> {
+    presence_of(c, 1, commit_id).await
+}
+
+/// Opens a presence stream (GetConfiguration) as agent `agent_id`, as agentk does.
+async fn presence_of(
+    c: &Cluster,
+    agent_id: i64,
+    commit_id: &str,
+) -> Result<tonic::Streaming<ConfigurationResponse>, tonic::Status> {
     let mut client = AgentTunnelClient::new(kas_e2e::cluster::channel(c.kas[0].addresses.agent));
     let connection_id = i64::from(rand::random::<u32>()) + 1;
-    let mut r =
-        tonic::Request::new(ConfigurationRequest { connection_id, commit_id: commit_id.into(), ..Default::default() });
-    r.metadata_mut().insert("authorization", format!("Bearer {}", c.agent(1).token).parse().unwrap());
-    client.get_configuration(r).await.map(tonic::Response::into_inner)
+    let request = ConfigurationRequest { connection_id, commit_id: commit_id.into(), ..Default::default() };
+    client
+        .get_configuration(kas_e2e::authorized(request, &c.agent(agent_id).token))
+        .await
+        .map(tonic::Response::into_inner)
 }
 
 #[tokio::test]
 async fn configuration_follows_the_default_branch_and_invalid_files_fail_precondition() {
-    let repo = Repo::new();
-    let first = repo.commit("observability:\n  logging:\n    level: debug\n");
+    let repo = GitRepo::new();
+    let first = repo.commit(CONFIG, &logging("debug"));
     let bare = repo.bare.clone();
     let c = Cluster::builder()
         .configure(move |config, _| {
             config.agents.configuration_poll_period = Duration::from_millis(100);
-            let path = config.agents.static_file.clone().unwrap();
-            let mut file = StaticAgentsFile::load(&path).unwrap();
-            file.agents[0].configuration_repository = Some(bare);
-            file.save(&path).unwrap();
+            set_repository(config.agents.static_file.as_ref().unwrap(), 0, bare.display().to_string());
         })
         .start()
         .await;
@@ -86,7 +64,7 @@ async fn configuration_follows_the_default_branch_and_invalid_files_fail_precond
     assert_eq!((got.commit_id.as_str(), level(&got).as_str()), (first.as_str(), "debug"));
 
     // A new commit reaches the connected agentk.
-    let second = repo.commit("observability:\n  logging:\n    level: warn\n");
+    let second = repo.commit(CONFIG, &logging("warn"));
     eventually!(a.status.configuration.borrow().as_ref().is_some_and(|r| r.commit_id == second), "new commit sent");
     assert_eq!(level(a.status.configuration.borrow().as_ref().unwrap()), "warn");
 
@@ -98,7 +76,7 @@ async fn configuration_follows_the_default_branch_and_invalid_files_fail_precond
     );
 
     // An invalid file ends open streams with FAILED_PRECONDITION naming the problem.
-    let third = repo.commit("observability:\n  loging: {}\n");
+    let third = repo.commit(CONFIG, b"observability:\n  loging: {}\n");
     let e = tokio::time::timeout(kas_e2e::EVENTUALLY_TIMEOUT, current.message()).await.unwrap().unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
     assert!(e.message().contains(CONFIG) && e.message().contains(&third), "{e:?}");
@@ -112,7 +90,172 @@ async fn configuration_follows_the_default_branch_and_invalid_files_fail_precond
     assert_eq!(a.status.configuration.borrow().as_ref().unwrap().commit_id, second);
 
     // Fixing the file lets it reconnect and receive the fix.
-    let fourth = repo.commit("observability:\n  logging:\n    level: info\n");
+    let fourth = repo.commit(CONFIG, &logging("info"));
     eventually!(a.status.configuration.borrow().as_ref().is_some_and(|r| r.commit_id == fourth), "fix sent");
     a.ready().await;
+}
+
+/// A remote repository over HTTPS (private CA, basic auth), served by git's own
+/// `git http-backend`: fetched by kas with gitoxide into its mirror and followed.
+#[tokio::test]
+async fn remote_repository_over_https_with_credentials() {
+    let root = tempfile::tempdir().unwrap();
+    let repo = GitRepo::create_in(root.path(), "group/agents.git");
+    let first = repo.commit(CONFIG, &logging("debug"));
+    let password = format!("token-{}", rand::random::<u64>());
+    let git = GitHttpServer::start_with(
+        root.path(),
+        GitHttpOptions { tls: true, basic_auth: Some(("kas".into(), password.clone())) },
+    )
+    .await;
+    let url = format!("{}/group/agents.git", git.url());
+    let (ca, good) = (git.ca_file().unwrap(), password.clone());
+    let c = Cluster::builder()
+        .agents(&[(1, 1), (2, 2)])
+        .configure(move |config, dir| {
+            config.agents.configuration_poll_period = Duration::from_millis(200);
+            let password_file = dir.join("git-password");
+            std::fs::write(&password_file, format!("{good}\n")).unwrap();
+            config.agents.git.username = Some("kas".into());
+            config.agents.git.password_file = Some(password_file);
+            config.agents.git.ca_cert_file = Some(ca);
+            let agents = config.agents.static_file.as_ref().unwrap();
+            set_repository(agents, 0, url.clone());
+            // Agent 2's repository does not exist on the server.
+            set_repository(agents, 1, url.replace("agents.git", "missing.git"));
+        })
+        .start()
+        .await;
+    let a = c.start_agentk(1, 0, "agentk-0").await;
+    let got = a.status.configuration.borrow().clone().unwrap();
+    assert_eq!((got.commit_id.as_str(), level(&got).as_str()), (first.as_str(), "debug"));
+    assert!(git.requests_with_credentials() > 0, "kas authenticated");
+    assert_eq!(git.rejected_credentials(), 0);
+
+    let second = repo.commit(CONFIG, &logging("warn"));
+    eventually!(a.status.configuration.borrow().as_ref().is_some_and(|r| r.commit_id == second), "new commit sent");
+    assert_eq!(level(a.status.configuration.borrow().as_ref().unwrap()), "warn");
+
+    // A repository kas cannot fetch: UNAVAILABLE naming it (agentk retries), no secret in it.
+    let e = presence_of(&c, 2, "").await.unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert!(e.message().contains("missing.git"), "{e:?}");
+    assert!(!e.message().contains(&password), "{e:?}");
+}
+
+/// Without credentials, or with a server certificate kas does not trust, fetching fails with
+/// UNAVAILABLE and a message that says why; the agent retries.
+#[tokio::test]
+async fn remote_repository_failures_are_unavailable_and_explained() {
+    let root = tempfile::tempdir().unwrap();
+    GitRepo::create_in(root.path(), "group/agents.git").commit(CONFIG, &logging("debug"));
+    let untrusted = GitHttpServer::start_with(root.path(), GitHttpOptions { tls: true, ..Default::default() }).await;
+    let protected = GitHttpServer::start_with(
+        root.path(),
+        GitHttpOptions { basic_auth: Some(("kas".into(), "right".into())), ..Default::default() },
+    )
+    .await;
+    let (a, b) = (untrusted.url(), protected.url());
+    let c = Cluster::builder()
+        .agents(&[(1, 1), (2, 1)])
+        .configure(move |config, _| {
+            let agents = config.agents.static_file.as_ref().unwrap();
+            set_repository(agents, 0, format!("{a}/group/agents.git"));
+            set_repository(agents, 1, format!("{b}/group/agents.git"));
+        })
+        .start()
+        .await;
+    let e = presence_of(&c, 1, "").await.unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert!(e.message().contains("/group/agents.git") && e.message().contains("certificate"), "{e:?}");
+    assert_eq!(untrusted.upload_pack_posts(), 0);
+
+    let e = presence_of(&c, 2, "").await.unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert!(e.message().contains("agents.git.password_file"), "{e:?}");
+    assert_eq!(protected.upload_pack_posts(), 0);
+}
+
+/// GitLab mode: the configuration comes from the agent's project repository that GitLab's
+/// agent_info names (`gitaly_repository.gl_project_path`, `default_branch`), fetched over HTTP.
+#[tokio::test]
+async fn gitlab_mode_reads_the_agents_project_repository() {
+    // The harness serves each project's repository where the fake GitLab's agent_info says
+    // it is (gl_project_path "group/project-<id>", default branch main) over Git's HTTP protocol.
+    let c = Cluster::builder()
+        .agents(&[(1, 7)])
+        .gitlab()
+        .configure(|config, _| config.agents.configuration_poll_period = Duration::from_millis(200))
+        .start()
+        .await;
+    let project = &c.projects[&7];
+    let first = project.commit(CONFIG, &logging("debug"));
+    let a = c.start_agentk(1, 0, "agentk-0").await;
+    let got = a.status.configuration.borrow().clone().unwrap();
+    assert_eq!((got.commit_id.as_str(), level(&got).as_str()), (first.as_str(), "debug"));
+
+    let second = project.commit(CONFIG, &logging("error"));
+    eventually!(a.status.configuration.borrow().as_ref().is_some_and(|r| r.commit_id == second), "new commit sent");
+
+    // An invalid file in the project fails the same way as everywhere.
+    project.commit(CONFIG, b"observability: {logging: {level: info, colour: red}}\n");
+    eventually!(
+        matches!(presence(&c, "").await, Err(e) if e.code() == Code::FailedPrecondition
+            && e.message().contains("unknown field `colour`")),
+        "invalid file reported"
+    );
+    assert_eq!(a.status.configuration.borrow().as_ref().unwrap().commit_id, second, "last good kept");
+}
+
+/// Polls of one repository are shared (many agents of a project, or many connections of an
+/// agent, cost one fetch), and all polls pass one rate limit.
+#[tokio::test]
+async fn polls_are_shared_per_repository_and_rate_limited() {
+    let root = tempfile::tempdir().unwrap();
+    let shared = GitRepo::create_in(root.path(), "group/shared.git");
+    shared.commit(".gitlab/agents/agent-1/config.yaml", &logging("debug"));
+    shared.commit(".gitlab/agents/agent-2/config.yaml", &logging("warn"));
+    let other = GitRepo::create_in(root.path(), "group/other.git");
+    other.commit(".gitlab/agents/agent-3/config.yaml", &logging("info"));
+    let git = GitHttpServer::start(root.path()).await;
+    let base = git.url();
+    let c = Cluster::builder()
+        .agents(&[(1, 1), (2, 1), (3, 2)])
+        .configure(move |config, _| {
+            // Long period: nothing polls during the test but the connects themselves.
+            config.agents.configuration_poll_period = Duration::from_secs(600);
+            config.agents.git.rate_limit.requests_per_second = 1;
+            config.agents.git.rate_limit.burst = 1;
+            config.agents.git.rate_limit.max_wait = Duration::ZERO;
+            // The retry loop below opens many presence streams.
+            config.limits.agent_connections_per_minute = 100_000;
+            let agents = config.agents.static_file.as_ref().unwrap();
+            set_repository(agents, 0, format!("{base}/group/shared.git"));
+            set_repository(agents, 1, format!("{base}/group/shared.git"));
+            set_repository(agents, 2, format!("{base}/group/other.git"));
+        })
+        .start()
+        .await;
+    let first = presence_of(&c, 1, "").await.unwrap().message().await.unwrap().unwrap();
+    assert_eq!(level(&first), "debug");
+    let fetched = git.upload_pack_posts();
+    assert!(fetched > 0);
+    // Four more connections of two agents of that project, at once: no new fetch (and no
+    // rate limit token: the bucket holds one).
+    let streams = futures::future::join_all((0..4).map(|i| presence_of(&c, 1 + (i % 2), ""))).await;
+    let mut levels = Vec::new();
+    for s in streams {
+        levels.push(level(&s.unwrap().message().await.unwrap().unwrap()));
+    }
+    levels.sort();
+    assert_eq!(levels, ["debug", "debug", "warn", "warn"]);
+    assert_eq!(git.upload_pack_posts(), fetched, "one fetch for the shared repository");
+
+    // The bucket (1 per second, burst 1) is empty: another repository's poll is refused now.
+    let e = presence_of(&c, 3, "").await.unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert!(e.message().contains("rate limited"), "{e:?}");
+    assert_eq!(git.upload_pack_posts(), fetched);
+    // ...and served once the bucket refills (failures are not reused).
+    eventually!(presence_of(&c, 3, "").await.is_ok(), "served after the refill");
 }

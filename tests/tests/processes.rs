@@ -143,3 +143,35 @@ async fn python_client_gets_pods_through_real_kas_and_agentk_processes() {
     let stopped = kas.process.terminate().await;
     assert!(stopped.success(), "kas exit: {stopped}");
 }
+
+/// The standalone flow without GitLab, as a user tries it: the dev agent's configuration comes
+/// from a local repository (`configuration_repository` in the agents file), and the real agentk
+/// applies the log level it receives at run time.
+#[tokio::test]
+async fn standalone_agent_configuration_from_a_repository_sets_agentk_log_level() {
+    let tmp = tempfile::tempdir().unwrap();
+    let kube = FakeKube::start().await;
+    let kubeconfig = tmp.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, kube.kubeconfig()).unwrap();
+    let repo = kas_e2e::GitRepo::new();
+    repo.commit(".gitlab/agents/dev-agent/config.yaml", b"observability:\n  logging:\n    level: debug\n");
+
+    // First start generates the dev directory; point the dev agent at the repository, restart.
+    let kas_dir = tmp.path().join("kas");
+    std::fs::create_dir(&kas_dir).unwrap();
+    let kas = process::start_kas_standalone(&kas_dir).await;
+    let agents_file = kas.dev_dir.join("agents.yaml");
+    assert!(kas.process.terminate().await.success());
+    let mut agents = kas::auth::agent_token::StaticAgentsFile::load(&agents_file).unwrap();
+    agents.agents[0].configuration_repository = Some(repo.bare.display().to_string());
+    agents.save(&agents_file).unwrap();
+    let kas = process::start_kas_standalone(&kas_dir).await;
+
+    let mut agentk =
+        process::start_agentk(kas.addresses.agent, &kas.agent_token_file(), &kubeconfig, "agentk-0", "default");
+    let applied = agentk.wait_for_message("log level applied from agent configuration").await;
+    assert_eq!(applied["fields"]["level"], "debug", "{applied}");
+    // agentk started with --log info; debug lines now appear.
+    agentk.wait_for_log("a DEBUG line", |v| v["level"] == "DEBUG").await;
+    agentk.terminate().await;
+}

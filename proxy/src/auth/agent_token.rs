@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::error::KasError;
-use crate::modules::configuration::AgentConfigDocument;
+use crate::modules::configuration::{AgentConfigDocument, ConfigurationOrigin, GitRepository, RepositoryLocation};
 
 /// Who an agent token belongs to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,6 +19,8 @@ pub struct AgentIdentity {
     pub name: String,
     /// The agent's configuration project.
     pub project_id: ProjectId,
+    /// Where its configuration comes from.
+    pub configuration: ConfigurationOrigin,
 }
 
 #[async_trait]
@@ -40,11 +42,14 @@ pub struct StaticAgent {
     /// The agent configuration sent to agentk; empty when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub configuration: Option<AgentConfigDocument>,
-    /// A local bare Git repository (the agent's configuration project): the configuration is
-    /// `.gitlab/agents/<name>/config.yaml` on its default branch (`HEAD`), polled for changes.
+    /// The agent's configuration project as a Git repository: a local bare repository's path,
+    /// or an `http(s)://` URL. The configuration is `.gitlab/agents/<name>/config.yaml` on
+    /// `configuration_branch` (default: the repository's default branch), polled for changes.
     /// Exclusive with `configuration`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub configuration_repository: Option<std::path::PathBuf>,
+    pub configuration_repository: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub configuration_branch: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -68,8 +73,8 @@ pub enum StaticAgentsError {
 #[derive(Debug, Clone)]
 pub struct StaticAgents {
     by_hash: HashMap<[u8; 32], AgentIdentity>,
-    configurations: HashMap<AgentId, AgentConfigDocument>,
-    repositories: HashMap<AgentId, std::path::PathBuf>,
+    /// Configurations the file sets explicitly (GitLab mode uses them instead of GitLab's).
+    explicit: HashMap<AgentId, ConfigurationOrigin>,
 }
 
 pub fn token_sha256_hex(token: &str) -> String {
@@ -158,6 +163,17 @@ impl StaticAgentsFile {
             if a.configuration.is_some() && a.configuration_repository.is_some() {
                 return Err(format!("{at}: set configuration or configuration_repository, not both"));
             }
+            if let Some(r) = &a.configuration_repository {
+                RepositoryLocation::parse(r).map_err(|e| format!("{at}.configuration_repository {e}"))?;
+            }
+            if let Some(b) = &a.configuration_branch {
+                if a.configuration_repository.is_none() {
+                    return Err(format!("{at}.configuration_branch needs configuration_repository"));
+                }
+                if gix::validate::reference::name_partial(b.as_str().into()).is_err() || b.starts_with("refs/") {
+                    return Err(format!("{at}.configuration_branch \"{b}\" is not a branch name"));
+                }
+            }
         }
         Ok(())
     }
@@ -170,33 +186,37 @@ impl StaticAgents {
 
     pub fn new(file: StaticAgentsFile) -> Self {
         let mut by_hash = HashMap::new();
-        let mut configurations = HashMap::new();
-        let mut repositories = HashMap::new();
+        let mut explicit = HashMap::new();
         for a in file.agents {
             let mut hash = [0u8; 32];
             if hex::decode_to_slice(a.token_sha256.to_ascii_lowercase(), &mut hash).is_err() {
                 continue; // validated on load; an in-code file with a bad hash matches nothing
             }
-            let identity = AgentIdentity { agent_id: AgentId(a.id), name: a.name, project_id: ProjectId(a.project_id) };
-            if let Some(c) = a.configuration {
-                configurations.insert(identity.agent_id, c);
+            let repository = a.configuration_repository.as_deref().and_then(|r| RepositoryLocation::parse(r).ok());
+            let origin = match (repository, a.configuration) {
+                (Some(location), _) => {
+                    Some(ConfigurationOrigin::Git(GitRepository { location, branch: a.configuration_branch }))
+                }
+                (None, Some(document)) => Some(ConfigurationOrigin::Static(document)),
+                (None, None) => None,
+            };
+            if let Some(origin) = &origin {
+                explicit.insert(AgentId(a.id), origin.clone());
             }
-            if let Some(r) = a.configuration_repository {
-                repositories.insert(identity.agent_id, r);
-            }
+            let identity = AgentIdentity {
+                agent_id: AgentId(a.id),
+                name: a.name,
+                project_id: ProjectId(a.project_id),
+                configuration: origin.unwrap_or_default(),
+            };
             by_hash.insert(hash, identity);
         }
-        Self { by_hash, configurations, repositories }
+        Self { by_hash, explicit }
     }
 
-    /// The agent's configuration repository, when its configuration comes from Git.
-    pub fn configuration_repository(&self, agent_id: AgentId) -> Option<&Path> {
-        self.repositories.get(&agent_id).map(std::path::PathBuf::as_path)
-    }
-
-    /// The configuration of an agent (empty when the file has none).
-    pub fn configuration(&self, agent_id: AgentId) -> AgentConfigDocument {
-        self.configurations.get(&agent_id).cloned().unwrap_or_default()
+    /// The configuration the file sets for an agent, if it sets one.
+    pub fn explicit_configuration(&self, agent_id: AgentId) -> Option<&ConfigurationOrigin> {
+        self.explicit.get(&agent_id)
     }
 }
 
@@ -221,6 +241,7 @@ mod tests {
                 token_sha256: token_sha256_hex(token),
                 configuration: None,
                 configuration_repository: None,
+                configuration_branch: None,
             }],
         }
     }
@@ -247,5 +268,18 @@ mod tests {
         assert!(e.contains("unknown field `nme`"), "{e}");
         file_with("t").save(&p).unwrap();
         assert_eq!(StaticAgentsFile::load(&p).unwrap(), file_with("t"));
+
+        let mut file = file_with("t");
+        file.agents[0].configuration_repository = Some("https://kas:hunter2@git.example.com/a.git".into());
+        let e = file.validate().unwrap_err();
+        assert!(e.contains("agents[0].configuration_repository must not contain credentials"), "{e}");
+        assert!(!e.contains("hunter2"));
+        file.agents[0].configuration_repository = None;
+        file.agents[0].configuration_branch = Some("main".into());
+        assert!(file.validate().unwrap_err().contains("configuration_branch needs configuration_repository"));
+        file.agents[0].configuration_repository = Some("https://git.example.com/a.git".into());
+        file.validate().unwrap();
+        file.agents[0].configuration_branch = Some("bad..name".into());
+        assert!(file.validate().unwrap_err().contains("is not a branch name"));
     }
 }

@@ -3,7 +3,8 @@
 //! Keys are 32-byte digests (the SHA-256 of an agent token: the token itself is never kept).
 //! Each key maps to a `tokio::sync::OnceCell`: the first caller loads, concurrent callers for
 //! the same key await that one load. The std mutex guards only the map and is never held across
-//! an `.await`. Successes and failures are kept for separate TTLs; the map holds at most
+//! an `.await`. Successes and failures are kept for separate TTLs (refusals of kas's own rate
+//! limit only serve the callers waiting for them); the map holds at most
 //! `max_entries` keys (expired entries are evicted first, then those expiring soonest).
 
 use std::collections::HashMap;
@@ -50,7 +51,12 @@ impl<V: Clone> TtlCache<V> {
         let stored = cell
             .get_or_init(|| async {
                 let value = fetch().await;
-                let ttl = if value.is_ok() { self.ttl } else { self.error_ttl };
+                let ttl = match &value {
+                    Ok(_) => self.ttl,
+                    // kas's own limiter refused: the next caller may find room at once.
+                    Err(KasError::RateLimited(_)) => Duration::ZERO,
+                    Err(_) => self.error_ttl,
+                };
                 Stored { value, expires_at: Instant::now() + ttl }
             })
             .await;
@@ -176,6 +182,12 @@ mod tests {
         tokio::time::advance(Duration::from_secs(60)).await; // success expired too
         cache.get_or_fetch(key(1), err).await.unwrap_err();
         assert_eq!(fetches.load(Ordering::SeqCst), 4);
+
+        // A refusal of kas's own rate limit is not kept: the next call fetches at once.
+        let limited = || async { Err(KasError::RateLimited("rate limited".into())) };
+        cache.get_or_fetch(key(3), limited).await.unwrap_err();
+        assert_eq!(cache.get_or_fetch(key(3), ok).await.unwrap(), 1);
+        assert_eq!(fetches.load(Ordering::SeqCst), 5);
     }
 
     #[tokio::test(start_paused = true)]

@@ -18,13 +18,14 @@ use kas_proto::{AgentId, ProjectId};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use super::agent_token::{AgentIdentity, TokenVerifier};
+use super::agent_token::{AgentIdentity, StaticAgents, TokenVerifier};
 use super::cache::TtlCache;
 use super::jwt::{KAS_ISSUER, mint_jwt};
 use super::secret::Secret;
 use super::token_bucket::TokenBucket;
 use crate::config::GitlabConfig;
 use crate::error::KasError;
+use crate::modules::configuration::{ConfigurationOrigin, RepositoryUrlTemplate};
 
 /// GitLab's internal API path answering "whose agent token is this".
 pub const AGENT_INFO_PATH: &str = "/api/v4/internal/kubernetes/agent_info";
@@ -72,11 +73,21 @@ pub struct GitalyRepository {
 }
 
 impl AgentInfo {
-    pub fn identity(&self) -> AgentIdentity {
+    /// The agent, with its configuration project's repository located by `repositories`
+    /// (`gitlab.repository_url`) on the project's default branch.
+    pub fn identity(&self, repositories: &RepositoryUrlTemplate, gitlab: &str) -> AgentIdentity {
+        let configuration = match &self.gitaly_repository {
+            Some(repository) => match repositories.render(gitlab, repository, &self.default_branch) {
+                Ok(repository) => ConfigurationOrigin::Git(repository),
+                Err(problem) => ConfigurationOrigin::Unusable(problem),
+            },
+            None => ConfigurationOrigin::Unusable("GitLab's agent_info names no configuration repository".into()),
+        };
         AgentIdentity {
             agent_id: AgentId(self.agent_id),
             name: self.agent_name.clone(),
             project_id: ProjectId(self.project_id),
+            configuration,
         }
     }
 }
@@ -139,13 +150,14 @@ impl GitlabClient {
             Ok(_) => "ok",
             Err(KasError::Unauthenticated(_)) => "unauthenticated",
             Err(KasError::PermissionDenied(_)) => "permission_denied",
+            Err(KasError::RateLimited(_)) => "rate_limited",
             Err(_) => "unavailable",
         });
         result
     }
 
     async fn agent_info_uncounted(&self, token: &str) -> Result<AgentInfo, KasError> {
-        self.limiter.acquire().await.map_err(|e| KasError::GitlabUnavailable(e.to_string()))?;
+        self.limiter.acquire().await.map_err(|e| KasError::RateLimited(format!("GitLab is unavailable: {e}")))?;
         let jwt = mint_jwt(&self.secret, KAS_ISSUER, GITLAB_AUDIENCE, API_JWT_TTL)?;
         let mut authorization = http::HeaderValue::try_from(format!("Bearer {token}"))
             .map_err(|_| KasError::Unauthenticated("malformed agent token".into()))?;
@@ -216,6 +228,10 @@ fn unavailable(e: &reqwest::Error) -> KasError {
 pub struct GitlabVerifier {
     client: Arc<GitlabClient>,
     cache: TtlCache<AgentInfo>,
+    address: String,
+    repositories: RepositoryUrlTemplate,
+    /// Configurations set in the static agents file win over the project repository's.
+    overrides: Option<Arc<StaticAgents>>,
 }
 
 impl GitlabVerifier {
@@ -224,7 +240,17 @@ impl GitlabVerifier {
         Ok(Self {
             client: Arc::new(GitlabClient::new(config, address, secret)?),
             cache: TtlCache::new(c.ttl, c.error_ttl, c.max_entries),
+            address: address.to_owned(),
+            repositories: RepositoryUrlTemplate::parse(&config.repository_url)
+                .map_err(|e| GitlabSetupError::Client(format!("gitlab.repository_url: {e}")))?,
+            overrides: None,
         })
+    }
+
+    /// Agents whose configuration the static agents file sets get that one.
+    pub fn with_overrides(mut self, agents: Arc<StaticAgents>) -> Self {
+        self.overrides = Some(agents);
+        self
     }
 
     /// The agent info of `token`, from the cache or from GitLab.
@@ -237,7 +263,11 @@ impl GitlabVerifier {
 #[async_trait]
 impl TokenVerifier for GitlabVerifier {
     async fn verify(&self, token: &str) -> Result<AgentIdentity, KasError> {
-        Ok(self.agent_info(token).await?.identity())
+        let mut identity = self.agent_info(token).await?.identity(&self.repositories, &self.address);
+        if let Some(origin) = self.overrides.as_ref().and_then(|o| o.explicit_configuration(identity.agent_id)) {
+            identity.configuration = origin.clone();
+        }
+        Ok(identity)
     }
 }
 
@@ -255,10 +285,15 @@ mod tests {
             "default_branch": "main", "some_future_field": [1, 2]
         }"#;
         let info: AgentInfo = serde_json::from_str(body).unwrap();
+        let template = RepositoryUrlTemplate::parse(crate::config::DEFAULT_GITLAB_REPOSITORY_URL).unwrap();
+        let identity = info.identity(&template, "https://gitlab.example.com");
         assert_eq!(
-            info.identity(),
-            AgentIdentity { agent_id: AgentId(3), name: "prod".into(), project_id: ProjectId(7) }
+            (identity.agent_id, identity.name.as_str(), identity.project_id),
+            (AgentId(3), "prod", ProjectId(7))
         );
+        let ConfigurationOrigin::Git(repository) = identity.configuration else { panic!("{identity:?}") };
+        assert_eq!(repository.location.to_string(), "https://gitlab.example.com/group/agents.git");
+        assert_eq!(repository.branch.as_deref(), Some("main"));
         assert_eq!(info.default_branch, "main");
         assert_eq!(info.gitaly_repository.unwrap().gl_project_path, "group/agents");
         assert!(!format!("{:?}", info.gitaly_info).contains("gitaly-secret"), "the Gitaly token is not kept");

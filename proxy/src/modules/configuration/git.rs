@@ -1,9 +1,10 @@
-//! Agent configuration from Git: `.gitlab/agents/<agent name>/config.yaml` on the default
-//! branch (the repository's `HEAD`) of a local bare repository, read with gitoxide.
+//! Agent configuration from Git: `.gitlab/agents/<agent name>/config.yaml` at a commit of a
+//! bare repository on this machine (the repository itself, or kas's mirror of a remote one),
+//! read with gitoxide.
 //!
 //! The response's commit id is the commit's id, so agentk (which sends the last commit id it
 //! applied) gets a configuration only when the commit changed. A missing file is an empty
-//! configuration (as in GitLab); a file above [`MAX_CONFIG_BYTES`], or one that does not parse
+//! configuration (as in GitLab); a file above the size limit, or one that does not parse
 //! strictly, is `FAILED_PRECONDITION` naming the file, the commit and the problem.
 
 use std::path::Path;
@@ -13,44 +14,76 @@ use kas_proto::tunnel::pb;
 use super::AgentConfigDocument;
 use crate::error::KasError;
 
-/// Largest configuration file accepted.
-pub const MAX_CONFIG_BYTES: u64 = 128 * 1024;
-
 /// The path of an agent's configuration file inside its configuration project.
 pub fn config_path(agent_name: &str) -> String {
     format!(".gitlab/agents/{agent_name}/config.yaml")
 }
 
-/// Reads the agent's configuration at the repository's `HEAD` (blocking: call it from
-/// `spawn_blocking`).
-pub fn read_configuration(repository: &Path, agent_name: &str) -> Result<pb::ConfigurationResponse, KasError> {
-    let repo_name = repository.display();
-    let unavailable = |what: &str, e: &dyn std::fmt::Display| {
-        KasError::Internal(format!("configuration repository {repo_name}: {what}: {e}"))
-    };
-    let repo = gix::open(repository).map_err(|e| unavailable("cannot open", &e))?;
-    let commit = repo.head_commit().map_err(|e| unavailable("cannot resolve HEAD (the default branch)", &e))?;
-    let commit_id = commit.id.to_string();
-    let tree = commit.tree().map_err(|e| unavailable("cannot read the commit's tree", &e))?;
+/// Opens a repository with none of the machine's or user's Git configuration (no credential
+/// helpers, no URL rewrites): kas's behaviour must not depend on the host.
+pub(super) fn open(repository: &Path) -> Result<gix::Repository, KasError> {
+    gix::open_opts(repository, gix::open::Options::isolated()).map_err(|e| unavailable(repository, "cannot open", &e))
+}
+
+pub(super) fn unavailable(repository: &Path, what: &str, e: &(dyn std::error::Error + 'static)) -> KasError {
+    KasError::GitUnavailable(format!("configuration repository {}: {what}: {}", repository.display(), describe(e)))
+}
+
+/// An error and its innermost cause (e.g. "Transport handshake failed: invalid peer
+/// certificate: UnknownIssuer"): the middle of gitoxide's chains only repeats them.
+pub(super) fn describe(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut innermost = e;
+    while let Some(next) = innermost.source() {
+        innermost = next;
+    }
+    let (top, cause) = (e.to_string(), innermost.to_string());
+    if std::ptr::addr_eq(e, innermost) || top.contains(&cause) { top } else { format!("{top}: {cause}") }
+}
+
+/// The commit `branch` (`None`: `HEAD`, the default branch) of a local repository points to.
+/// Blocking.
+pub fn resolve_branch(repository: &Path, branch: Option<&str>) -> Result<String, KasError> {
+    let repo = open(repository)?;
+    let name = branch.map_or_else(|| "HEAD".to_owned(), |b| format!("refs/heads/{b}"));
+    let mut reference = repo
+        .find_reference(name.as_str())
+        .map_err(|e| unavailable(repository, &format!("cannot find {name} (the default branch)"), &e))?;
+    let commit =
+        reference.peel_to_commit().map_err(|e| unavailable(repository, &format!("cannot resolve {name}"), &e))?;
+    Ok(commit.id.to_string())
+}
+
+/// Reads the agent's configuration at `commit` (a 40-hex commit id). Blocking.
+pub fn read_configuration_at(
+    repository: &Path,
+    commit_id: &str,
+    agent_name: &str,
+    max_bytes: u64,
+) -> Result<pb::ConfigurationResponse, KasError> {
+    let repo = open(repository)?;
+    let id = gix::ObjectId::from_hex(commit_id.as_bytes()).map_err(|e| unavailable(repository, "bad commit id", &e))?;
+    let commit = repo.find_commit(id).map_err(|e| unavailable(repository, "cannot read the commit", &e))?;
+    let tree = commit.tree().map_err(|e| unavailable(repository, "cannot read the commit's tree", &e))?;
     let path = config_path(agent_name);
     let invalid = |problem: String| {
         KasError::InvalidAgentConfiguration(format!("agent configuration {path} at commit {commit_id}: {problem}"))
     };
-    let entry = tree.lookup_entry_by_path(&path).map_err(|e| unavailable("cannot read the tree", &e))?;
+    let entry = tree.lookup_entry_by_path(&path).map_err(|e| unavailable(repository, "cannot read the tree", &e))?;
     let document = match entry {
         None => AgentConfigDocument::default(),
         Some(entry) => {
             if !entry.mode().is_blob() {
                 return Err(invalid("is not a regular file".into()));
             }
-            let header = repo.find_header(entry.oid()).map_err(|e| unavailable("cannot read the file", &e))?;
-            if header.size() > MAX_CONFIG_BYTES {
+            let header =
+                repo.find_header(entry.oid()).map_err(|e| unavailable(repository, "cannot read the file", &e))?;
+            if header.size() > max_bytes {
                 return Err(invalid(format!(
-                    "is {} bytes, larger than the limit of {MAX_CONFIG_BYTES} bytes",
+                    "is {} bytes, larger than the limit of {max_bytes} bytes (agents.git.max_config_bytes)",
                     header.size()
                 )));
             }
-            let object = entry.object().map_err(|e| unavailable("cannot read the file", &e))?;
+            let object = entry.object().map_err(|e| unavailable(repository, "cannot read the file", &e))?;
             let text = std::str::from_utf8(&object.data).map_err(|_| invalid("is not UTF-8 text".into()))?;
             if text.trim().is_empty() {
                 AgentConfigDocument::default()
@@ -59,7 +92,18 @@ pub fn read_configuration(repository: &Path, agent_name: &str) -> Result<pb::Con
             }
         }
     };
-    Ok(pb::ConfigurationResponse { configuration: Some(document.to_proto()), commit_id })
+    Ok(pb::ConfigurationResponse { configuration: Some(document.to_proto()), commit_id: commit_id.to_owned() })
+}
+
+/// The configuration at the default branch of a local repository. Blocking.
+#[cfg(test)]
+pub fn read_configuration(
+    repository: &Path,
+    agent_name: &str,
+    max_bytes: u64,
+) -> Result<pb::ConfigurationResponse, KasError> {
+    let commit = resolve_branch(repository, None)?;
+    read_configuration_at(repository, &commit, agent_name, max_bytes)
 }
 
 #[cfg(test)]
@@ -68,6 +112,8 @@ pub(crate) mod tests {
     use std::process::Command;
 
     use super::*;
+
+    const MAX: u64 = crate::config::DEFAULT_MAX_CONFIG_BYTES;
 
     /// A bare repository (default branch `main`) and a work tree that pushes to it, driven by
     /// the git command line (a repository as git itself writes it).
@@ -115,15 +161,15 @@ pub(crate) mod tests {
     fn reads_the_file_of_the_agent_at_head() {
         let repo = TestRepo::new();
         let first = repo.commit(".gitlab/agents/a/config.yaml", b"observability:\n  logging:\n    level: debug\n");
-        let r = read_configuration(&repo.bare, "a").unwrap();
+        let r = read_configuration(&repo.bare, "a", MAX).unwrap();
         assert_eq!(r.commit_id, first);
         assert_eq!(r.configuration.unwrap().observability.unwrap().logging.unwrap().level, "debug");
         // Another agent of the same project has no file: empty configuration.
-        let r = read_configuration(&repo.bare, "b").unwrap();
+        let r = read_configuration(&repo.bare, "b", MAX).unwrap();
         assert_eq!(r.configuration.unwrap(), pb::AgentConfiguration::default());
 
         let second = repo.commit(".gitlab/agents/a/config.yaml", b"observability:\n  logging:\n    level: warn\n");
-        let r = read_configuration(&repo.bare, "a").unwrap();
+        let r = read_configuration(&repo.bare, "a", MAX).unwrap();
         assert_eq!(r.commit_id, second);
         assert_eq!(r.configuration.unwrap().observability.unwrap().logging.unwrap().level, "warn");
     }
@@ -132,17 +178,17 @@ pub(crate) mod tests {
     fn invalid_or_large_files_are_failed_precondition() {
         let repo = TestRepo::new();
         repo.commit(".gitlab/agents/a/config.yaml", b"observability:\n  loging: {}\n");
-        let e = read_configuration(&repo.bare, "a").unwrap_err();
+        let e = read_configuration(&repo.bare, "a", MAX).unwrap_err();
         assert_eq!(e.grpc_code(), tonic::Code::FailedPrecondition);
         let m = e.to_string();
         assert!(m.contains(".gitlab/agents/a/config.yaml") && m.contains("unknown field `loging`"), "{m}");
 
-        let big = format!("# {}\n", "x".repeat(MAX_CONFIG_BYTES as usize));
+        let big = format!("# {}\n", "x".repeat(MAX as usize));
         repo.commit(".gitlab/agents/a/config.yaml", big.as_bytes());
-        let e = read_configuration(&repo.bare, "a").unwrap_err();
+        let e = read_configuration(&repo.bare, "a", MAX).unwrap_err();
         assert!(e.to_string().contains("larger than the limit of 131072 bytes"), "{e}");
 
-        let e = read_configuration(Path::new("/nonexistent/repo.git"), "a").unwrap_err();
-        assert_eq!(e.grpc_code(), tonic::Code::Internal);
+        let e = read_configuration(Path::new("/nonexistent/repo.git"), "a", MAX).unwrap_err();
+        assert_eq!(e.grpc_code(), tonic::Code::Unavailable);
     }
 }

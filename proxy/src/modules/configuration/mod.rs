@@ -1,14 +1,26 @@
-//! Agent configuration: the documented schema of what agentk receives on `GetConfiguration`.
+//! Agent configuration: the documented schema of what agentk receives on `GetConfiguration`,
+//! and where it comes from (the static agents file, or `.gitlab/agents/<name>/config.yaml` in
+//! a Git repository: a local path or a remote one over HTTP(S)).
 //!
-//! The YAML form (in the static agents file now, in `.gitlab/agents/<name>/config.yaml` later)
-//! is parsed strictly: unknown fields are an error.
+//! The YAML form is parsed strictly: unknown fields are an error.
 
 pub mod git;
+pub mod mirror;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
 
 use kas_proto::tunnel::pb;
 use prost::Message;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+
+use crate::auth::AgentIdentity;
+use crate::auth::cache::TtlCache;
+use crate::auth::token_bucket::TokenBucket;
+use crate::config::AgentGitConfig;
+use crate::error::KasError;
 
 /// The agent configuration document.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,37 +65,220 @@ impl AgentConfigDocument {
     }
 }
 
-/// Where agent configurations come from (static agents file now; a Git repository later).
+/// Where an agent's configuration comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigurationOrigin {
+    /// A fixed document (the static agents file's `configuration`; empty when absent).
+    Static(AgentConfigDocument),
+    /// `.gitlab/agents/<agent name>/config.yaml` in a Git repository, polled.
+    Git(GitRepository),
+    /// The configuration cannot be located (GitLab's answer names no usable repository).
+    Unusable(String),
+}
+
+impl Default for ConfigurationOrigin {
+    fn default() -> Self {
+        Self::Static(AgentConfigDocument::default())
+    }
+}
+
+/// A branch of a Git repository.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct GitRepository {
+    pub location: RepositoryLocation,
+    /// `None`: the repository's default branch (its `HEAD`).
+    pub branch: Option<String>,
+}
+
+/// A Git repository: a directory on this machine, or an `http(s)://` URL.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum RepositoryLocation {
+    Local(PathBuf),
+    Remote(String),
+}
+
+impl RepositoryLocation {
+    /// A URL (`http://`, `https://`) or else a local path. URLs must not carry credentials
+    /// (they would end up in logs): those go in `agents.git.password_file`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        if s.is_empty() {
+            return Err("is empty".into());
+        }
+        let Some((scheme, rest)) = s.split_once("://") else { return Ok(Self::Local(PathBuf::from(s))) };
+        if !matches!(scheme, "http" | "https") {
+            return Err(format!("\"{scheme}://\" repositories are not supported: use a local path or http(s)://"));
+        }
+        let authority = rest.split('/').next().unwrap_or_default();
+        if authority.contains('@') {
+            return Err("must not contain credentials: set agents.git.username and agents.git.password_file".into());
+        }
+        if authority.is_empty() || s.parse::<http::Uri>().is_err() {
+            return Err(format!("\"{s}\" is not a valid URL"));
+        }
+        Ok(Self::Remote(s.to_owned()))
+    }
+}
+
+impl std::fmt::Display for RepositoryLocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Local(p) => write!(f, "{}", p.display()),
+            Self::Remote(url) => f.write_str(url),
+        }
+    }
+}
+
+/// `gitlab.repository_url`: the configuration project's location, from GitLab's agent_info.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RepositoryUrlTemplate(String);
+
+/// The placeholders of [`RepositoryUrlTemplate`].
+const TEMPLATE_PLACEHOLDERS: [&str; 5] = ["gitlab", "project_path", "relative_path", "storage_name", "gl_repository"];
+
+impl RepositoryUrlTemplate {
+    pub fn parse(template: &str) -> Result<Self, String> {
+        let mut rest = template;
+        while let Some(start) = rest.find('{') {
+            let Some(len) = rest[start..].find('}') else {
+                return Err(format!("\"{template}\" has an unclosed '{{'"));
+            };
+            let name = &rest[start + 1..start + len];
+            if !TEMPLATE_PLACEHOLDERS.contains(&name) {
+                return Err(format!(
+                    "\"{template}\": unknown placeholder {{{name}}} (known: {})",
+                    TEMPLATE_PLACEHOLDERS.map(|p| format!("{{{p}}}")).join(", ")
+                ));
+            }
+            rest = &rest[start + len + 1..];
+        }
+        if template.trim().is_empty() {
+            return Err("is empty".into());
+        }
+        Ok(Self(template.to_owned()))
+    }
+
+    /// The agent's configuration repository (its default branch) from agent_info's fields.
+    pub fn render(
+        &self,
+        gitlab: &str,
+        repository: &crate::auth::gitlab::GitalyRepository,
+        default_branch: &str,
+    ) -> Result<GitRepository, String> {
+        let values = [
+            ("gitlab", gitlab.trim_end_matches('/')),
+            ("project_path", repository.gl_project_path.as_str()),
+            ("relative_path", repository.relative_path.as_str()),
+            ("storage_name", repository.storage_name.as_str()),
+            ("gl_repository", repository.gl_repository.as_str()),
+        ];
+        let mut out = self.0.clone();
+        for (name, value) in values {
+            let placeholder = format!("{{{name}}}");
+            if out.contains(&placeholder) {
+                // Values come from GitLab; refuse ones that could leave the intended location.
+                if value.is_empty() || value.split('/').any(|s| s == "..") || value.contains(['?', '#']) {
+                    return Err(format!("agent_info's {name} \"{value}\" cannot be used in gitlab.repository_url"));
+                }
+                out = out.replace(&placeholder, value);
+            }
+        }
+        let location =
+            RepositoryLocation::parse(&out).map_err(|e| format!("gitlab.repository_url gives {out}: {e}"))?;
+        let branch = (!default_branch.is_empty()).then(|| default_branch.to_owned());
+        Ok(GitRepository { location, branch })
+    }
+}
+
+/// Where agent configurations come from.
 #[async_trait::async_trait]
 pub trait ConfigurationSource: Send + Sync + 'static {
     /// The agent's current configuration.
-    async fn configuration(
-        &self,
-        agent: &crate::auth::AgentIdentity,
-    ) -> Result<pb::ConfigurationResponse, crate::error::KasError>;
+    async fn configuration(&self, agent: &AgentIdentity) -> Result<pb::ConfigurationResponse, KasError>;
+}
+
+/// The configuration source of kas: static documents as they are, Git repositories read at
+/// the commit their branch points to. Polls of one repository within a tenth of the poll
+/// period share one read (one fetch, for remote repositories), and all reads pass one token
+/// bucket, so many agents of one project, or a reconnect storm, do not flood the Git server.
+/// (A commit therefore reaches agentk within 1.2 poll periods: ±10 % jitter plus the share.)
+pub struct AgentConfigurations {
+    mirrors: Arc<mirror::Mirrors>,
+    /// Repository + branch -> the commit the branch points to.
+    commits: TtlCache<String>,
+    limiter: TokenBucket,
+    max_config_bytes: u64,
+}
+
+impl AgentConfigurations {
+    pub fn new(config: &AgentGitConfig, poll_period: Duration) -> Result<Self, mirror::MirrorSetupError> {
+        let share = poll_period / 10;
+        let rl = &config.rate_limit;
+        Ok(Self {
+            mirrors: Arc::new(mirror::Mirrors::new(config)?),
+            // Failures are shared only by concurrent polls: the next poll tries again.
+            commits: TtlCache::new(share, Duration::ZERO, 100_000),
+            limiter: TokenBucket::new(rl.requests_per_second, rl.burst, rl.max_wait),
+            max_config_bytes: config.max_config_bytes,
+        })
+    }
+
+    /// The commit `repository`'s branch points to, and the directory to read it from.
+    async fn resolve(&self, repository: &GitRepository) -> Result<(PathBuf, String), KasError> {
+        let key: [u8; 32] = Sha256::digest(format!("{:?}", repository)).into();
+        let commit = self
+            .commits
+            .get_or_fetch(key, || async {
+                self.limiter.acquire().await.map_err(|e| {
+                    KasError::RateLimited(format!("configuration repository {}: {e}", repository.location))
+                })?;
+                let (mirrors, repo) = (self.mirrors.clone(), repository.clone());
+                let result = blocking(move || match &repo.location {
+                    RepositoryLocation::Local(path) => git::resolve_branch(path, repo.branch.as_deref()),
+                    RepositoryLocation::Remote(url) => mirrors.fetch(url, repo.branch.as_deref()),
+                })
+                .await;
+                crate::metrics::git_poll(result.is_ok());
+                result
+            })
+            .await?;
+        let dir = match &repository.location {
+            RepositoryLocation::Local(path) => path.clone(),
+            RepositoryLocation::Remote(url) => self.mirrors.path(url, repository.branch.as_deref()),
+        };
+        Ok((dir, commit))
+    }
+}
+
+/// Runs blocking Git work off the async threads.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, KasError> + Send + 'static) -> Result<T, KasError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| KasError::Internal(format!("reading the agent configuration: {e}")))?
 }
 
 #[async_trait::async_trait]
-impl ConfigurationSource for crate::auth::StaticAgents {
-    async fn configuration(
-        &self,
-        agent: &crate::auth::AgentIdentity,
-    ) -> Result<pb::ConfigurationResponse, crate::error::KasError> {
-        let Some(repository) = self.configuration_repository(agent.agent_id) else {
-            return Ok(crate::auth::StaticAgents::configuration(self, agent.agent_id).to_response());
+impl ConfigurationSource for AgentConfigurations {
+    async fn configuration(&self, agent: &AgentIdentity) -> Result<pb::ConfigurationResponse, KasError> {
+        let repository = match &agent.configuration {
+            ConfigurationOrigin::Static(document) => return Ok(document.to_response()),
+            ConfigurationOrigin::Git(repository) => repository,
+            ConfigurationOrigin::Unusable(problem) => {
+                return Err(KasError::InvalidAgentConfiguration(format!(
+                    "the configuration of agent {} cannot be read: {problem}",
+                    agent.agent_id
+                )));
+            }
         };
-        let (repository, name) = (repository.to_owned(), agent.name.clone());
-        let result = tokio::task::spawn_blocking(move || git::read_configuration(&repository, &name))
-            .await
-            .map_err(|e| crate::error::KasError::Internal(format!("reading the agent configuration: {e}")))?;
-        crate::metrics::git_poll(result.is_ok());
-        result
+        let (dir, commit) = self.resolve(repository).await?;
+        let (name, max) = (agent.name.clone(), self.max_config_bytes);
+        blocking(move || git::read_configuration_at(&dir, &commit, &name, max)).await
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::auth::gitlab::GitalyRepository;
 
     #[test]
     fn strict_parsing_and_stable_commit() {
@@ -93,5 +288,49 @@ mod tests {
         assert_ne!(d.to_response().commit_id, AgentConfigDocument::default().to_response().commit_id);
         let e = serde_norway::from_str::<AgentConfigDocument>("observability:\n  loging: {}\n").unwrap_err();
         assert!(e.to_string().contains("unknown field `loging`"));
+    }
+
+    #[test]
+    fn repository_locations() {
+        assert_eq!(RepositoryLocation::parse("/srv/a.git"), Ok(RepositoryLocation::Local("/srv/a.git".into())));
+        assert_eq!(
+            RepositoryLocation::parse("https://git.example.com/a/b.git"),
+            Ok(RepositoryLocation::Remote("https://git.example.com/a/b.git".into()))
+        );
+        let e = RepositoryLocation::parse("https://user:secret@git.example.com/a.git").unwrap_err();
+        assert!(e.contains("must not contain credentials") && !e.contains("secret"), "{e}");
+        assert!(RepositoryLocation::parse("ssh://git@example.com/a.git").unwrap_err().contains("not supported"));
+        assert!(RepositoryLocation::parse("").is_err());
+    }
+
+    #[test]
+    fn repository_url_template() {
+        let repo = GitalyRepository {
+            storage_name: "default".into(),
+            relative_path: "@hashed/aa/bb.git".into(),
+            gl_repository: "project-7".into(),
+            gl_project_path: "group/agents".into(),
+        };
+        let t = RepositoryUrlTemplate::parse(crate::config::DEFAULT_GITLAB_REPOSITORY_URL).unwrap();
+        let r = t.render("https://gitlab.example.com/", &repo, "main").unwrap();
+        assert_eq!(r.location, RepositoryLocation::Remote("https://gitlab.example.com/group/agents.git".into()));
+        assert_eq!(r.branch.as_deref(), Some("main"));
+        let t = RepositoryUrlTemplate::parse("/var/opt/gitlab/git-data/repositories/{relative_path}").unwrap();
+        let r = t.render("https://gitlab.example.com", &repo, "").unwrap();
+        assert_eq!(
+            r.location,
+            RepositoryLocation::Local("/var/opt/gitlab/git-data/repositories/@hashed/aa/bb.git".into())
+        );
+        assert_eq!(r.branch, None);
+
+        assert!(
+            RepositoryUrlTemplate::parse("{gitlab}/{project}.git")
+                .unwrap_err()
+                .contains("unknown placeholder {project}")
+        );
+        assert!(RepositoryUrlTemplate::parse("{gitlab/x").unwrap_err().contains("unclosed"));
+        let escaping = GitalyRepository { gl_project_path: "../../etc".into(), ..repo };
+        let t = RepositoryUrlTemplate::parse("{gitlab}/{project_path}.git").unwrap();
+        assert!(t.render("https://g", &escaping, "main").unwrap_err().contains("cannot be used"));
     }
 }
