@@ -151,7 +151,8 @@ impl App {
             .map(|address| Ok((address.to_owned(), endpoint(&config, address)?.connect_lazy())))
             .collect::<Result<Vec<_>, AgentError>>()?;
         let kube = kube_config(&config.kube).await?;
-        let modules = modules::all(&kube).map_err(|e| AgentError::Kube(e.to_string()))?;
+        let configuration = watch::channel(None).0;
+        let modules = modules::all(&kube, &configuration).map_err(|e| AgentError::Kube(e.to_string()))?;
         let observability = crate::observability::bind(config.observability_address).await?;
         let observability_address = observability
             .local_addr()
@@ -164,7 +165,7 @@ impl App {
             observer: None,
             connected: watch::channel(None).0,
             pool_stats: watch::channel(PoolStats::default()).0,
-            configuration: watch::channel(None).0,
+            configuration,
             failed_attempts: watch::channel(0).0,
             observability: Some(observability),
             observability_address,

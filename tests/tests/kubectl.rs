@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
+use kas::modules::configuration::AgentConfigDocument;
 use kas_e2e::{Cluster, eventually};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -195,4 +196,25 @@ async fn kubectl_gets_a_clear_error_when_the_agent_is_not_connected() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("agent 1 is not connected"), "{stderr}");
+}
+
+/// The agent configuration's `kubernetes_api.read_only` (delivered by kas, applied by agentk):
+/// reads work, writes and exec are refused the way an RBAC denial is.
+#[tokio::test]
+async fn read_only_agent_configuration_refuses_writes_like_rbac() {
+    let doc: AgentConfigDocument = serde_norway::from_str("kubernetes_api:\n  read_only: true\n").unwrap();
+    let c = Cluster::builder().rest_tls().agent_configuration(1, doc).start().await;
+    c.kube.add_pod("default", "web-1");
+    let a = c.start_agentk(1, 0, "agentk-0").await;
+    assert!(a.status.configuration.borrow().as_ref().unwrap().configuration.as_ref().unwrap().kubernetes_api.is_some());
+    let k = Kubectl::new(&c, 0);
+    assert!(k.run(&["get", "pods", "-n", "default"]).await.contains("web-1"));
+
+    for args in [&["delete", "pod", "web-1", "-n", "default"][..], &["exec", "web-1", "-n", "default", "--", "echo"]] {
+        let out = k.command(args).output().await.unwrap();
+        assert!(!out.status.success(), "kubectl {args:?} succeeded");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("Forbidden") && stderr.contains("read-only"), "kubectl {args:?}: {stderr}");
+    }
+    assert!(k.run(&["get", "pods", "-n", "default"]).await.contains("web-1"), "the pod was not deleted");
 }

@@ -18,10 +18,16 @@ pub trait Module: Send + Sync + 'static {
     async fn handle(&self, request: &mut TunnelRequest, responder: &Responder);
 }
 
-/// Every module of agentk.
-pub fn all(kube_config: &kube::Config) -> Result<Vec<Arc<dyn Module>>, kube::Error> {
+/// Every module of agentk; `configuration` is the agent configuration as kas last sent it.
+pub fn all(
+    kube_config: &kube::Config,
+    configuration: &tokio::sync::watch::Sender<Option<kas_proto::tunnel::pb::ConfigurationResponse>>,
+) -> Result<Vec<Arc<dyn Module>>, kube::Error> {
     let client = kube::Client::try_from(kube_config.clone())?;
-    Ok(vec![Arc::new(get_pods::GetPods::new(client)), Arc::new(kubernetes_api::KubernetesApi::new(kube_config)?)])
+    Ok(vec![
+        Arc::new(get_pods::GetPods::new(client)),
+        Arc::new(kubernetes_api::KubernetesApi::new(kube_config, configuration.subscribe())?),
+    ])
 }
 
 /// Maps a Kubernetes client error to the status agentk reports to kas.

@@ -8,6 +8,11 @@
 //! Redirects are not followed. There are no read or write timeouts: watches and `logs -f` run
 //! until a side closes. If kas goes away (the caller cancelled), the tunnel ends and the request
 //! to the API server is dropped, which cancels it.
+//!
+//! The agent configuration's `kubernetes_api` section can disable the proxy or make it
+//! read-only; refused requests get HTTP 403 with a Kubernetes `Status`, as an RBAC denial would,
+//! so kubectl prints "Error from server (Forbidden)". Until the first configuration arrives,
+//! the proxy serves everything (the configuration's default).
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -76,12 +81,16 @@ type ApiService = BoxCloneSyncService<http::Request<ProxyBody>, http::Response<I
 
 pub struct KubernetesApi {
     service: ApiService,
+    /// The agent configuration as last received from kas.
+    configuration: Configuration,
 }
+
+type Configuration = tokio::sync::watch::Receiver<Option<kas_proto::tunnel::pb::ConfigurationResponse>>;
 
 impl KubernetesApi {
     /// The same TLS, base URL and authentication stack kube-rs builds, around a plain hyper
     /// client with streaming bodies and without kube-rs's read/write timeouts.
-    pub fn new(config: &kube::Config) -> Result<Self, kube::Error> {
+    pub fn new(config: &kube::Config, configuration: Configuration) -> Result<Self, kube::Error> {
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_connect_timeout(Some(config.connect_timeout.unwrap_or(CONNECT_TIMEOUT)));
@@ -94,8 +103,52 @@ impl KubernetesApi {
             .layer(config.extra_headers_layer()?)
             .map_err(BoxError::from)
             .service(client);
-        Ok(Self { service: BoxCloneSyncService::new(service) })
+        Ok(Self { service: BoxCloneSyncService::new(service), configuration })
     }
+
+    /// Why the agent configuration refuses this request, if it does.
+    fn refusal(&self, method: &http::Method, upgrade: bool) -> Option<&'static str> {
+        let settings = self
+            .configuration
+            .borrow()
+            .as_ref()
+            .and_then(|r| r.configuration.as_ref())
+            .and_then(|c| c.kubernetes_api)
+            .unwrap_or_default();
+        let read = matches!(*method, http::Method::GET | http::Method::HEAD | http::Method::OPTIONS) && !upgrade;
+        if settings.disabled {
+            Some("the Kubernetes API proxy is disabled by this agent's configuration (kubernetes_api.enabled: false)")
+        } else if settings.read_only && !read {
+            Some(
+                "the Kubernetes API proxy is read-only by this agent's configuration (kubernetes_api.read_only: \
+                 true): only get, list, watch and logs are allowed",
+            )
+        } else {
+            None
+        }
+    }
+}
+
+/// A Kubernetes `Status` (HTTP 403 Forbidden) for a request the agent configuration refuses.
+async fn forbidden(responder: &Responder, method: &str, path: &str, reason: &str) -> Result<(), Status> {
+    let body = serde_json::json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": format!("{method} {path}: {reason}"),
+        "reason": "Forbidden",
+        "details": {},
+        "code": 403,
+    })
+    .to_string();
+    let mut headers = HeaderMap::new();
+    headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    responder.header(Default::default()).await?;
+    let head = HttpResponseHead { status: 403, headers: headers_to_proto(&headers) };
+    responder.message(HttpFrame::response_head(head).to_bytes()).await?;
+    responder.message(HttpFrame::body(Bytes::from(body)).to_bytes()).await?;
+    responder.trailer(Default::default()).await
 }
 
 fn decode(data: Bytes) -> Result<http_frame::Frame, Status> {
@@ -145,6 +198,10 @@ impl KubernetesApi {
             .ok_or_else(|| Status::invalid_argument(format!("invalid request path {:?}", head.path)))?;
         let headers = forwarded_headers(&head);
         let upgrade = is_upgrade(&headers);
+        if let Some(reason) = self.refusal(&method, upgrade) {
+            tracing::info!(method = %head.method, path = %uri.path(), "Kubernetes API request refused by the agent configuration");
+            return forbidden(responder, &head.method, uri.path(), reason).await;
+        }
         let (body_tx, body_rx) = mpsc::channel(BODY_BUFFER);
         let body: ProxyBody = if upgrade {
             Empty::<Bytes>::new().map_err(|e: Infallible| match e {}).boxed()
@@ -326,5 +383,41 @@ mod tests {
         let h = forwarded_headers(&head(&[("connection", "keep-alive"), ("upgrade", "websocket")]));
         assert!(!h.contains_key("upgrade") && !h.contains_key("connection"));
         assert_eq!(h["user-agent"], format!("agentk/{}", crate::VERSION).as_str());
+    }
+}
+
+#[cfg(test)]
+mod configuration_tests {
+    use super::*;
+    use kas_proto::tunnel::pb::{AgentConfiguration, ConfigurationResponse, KubernetesApiConfiguration};
+
+    fn api(settings: Option<KubernetesApiConfiguration>) -> KubernetesApi {
+        let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
+        let response = ConfigurationResponse {
+            configuration: Some(AgentConfiguration { observability: None, kubernetes_api: settings }),
+            commit_id: "c".into(),
+        };
+        KubernetesApi::new(&config, tokio::sync::watch::channel(Some(response)).1).unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_agent_configuration_decides_what_is_served() {
+        use http::Method;
+        let all = api(None);
+        assert_eq!(all.refusal(&Method::DELETE, false), None);
+        assert_eq!(all.refusal(&Method::GET, true), None);
+
+        let read_only = api(Some(KubernetesApiConfiguration { disabled: false, read_only: true }));
+        for (method, upgrade) in [(Method::GET, false), (Method::HEAD, false), (Method::OPTIONS, false)] {
+            assert_eq!(read_only.refusal(&method, upgrade), None, "{method}");
+        }
+        for (method, upgrade) in
+            [(Method::GET, true), (Method::POST, false), (Method::PATCH, false), (Method::DELETE, false)]
+        {
+            assert!(read_only.refusal(&method, upgrade).unwrap().contains("read-only"), "{method} {upgrade}");
+        }
+
+        let disabled = api(Some(KubernetesApiConfiguration { disabled: true, read_only: false }));
+        assert!(disabled.refusal(&Method::GET, false).unwrap().contains("disabled"));
     }
 }

@@ -151,12 +151,12 @@ impl Mirrors {
     /// The reqwest client of gitoxide's HTTP transport: request timeout, private CA, and
     /// rustls with ring like the rest of kas.
     fn reqwest_options(&self) -> http::reqwest::Options {
-        let (ca_pem, timeout) = (self.ca_pem.clone(), self.fetch_timeout);
+        let (ca_pem, timeout, connect_timeout) = (self.ca_pem.clone(), self.fetch_timeout, self.connect_timeout);
         http::reqwest::Options {
             configure_client: Some(Box::new(move |builder| {
                 // reqwest is built without a default crypto provider; kas uses ring.
                 let _ = rustls::crypto::ring::default_provider().install_default();
-                let mut builder = builder.timeout(timeout);
+                let mut builder = builder.timeout(timeout).connect_timeout(connect_timeout);
                 if let Some(pem) = &ca_pem {
                     let certs = reqwest_git::Certificate::from_pem_bundle(pem).map_err(|e| {
                         gix::error::message!("agents.git.ca_cert_file holds no usable certificate: {e}")

@@ -22,12 +22,31 @@ use crate::auth::token_bucket::TokenBucket;
 use crate::config::AgentGitConfig;
 use crate::error::KasError;
 
-/// The agent configuration document.
+/// The agent configuration document (`config.yaml`; every section optional).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentConfigDocument {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observability: Option<ObservabilityDocument>,
+    /// The Kubernetes API proxy feature.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes_api: Option<KubernetesApiDocument>,
+}
+
+/// How agentk serves the Kubernetes API proxy; refusals are HTTP 403 Kubernetes `Status`es.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KubernetesApiDocument {
+    /// `false` refuses every proxied request.
+    #[serde(default = "enabled")]
+    pub enabled: bool,
+    /// Only reads (GET, HEAD, OPTIONS without an upgrade: get, list, watch, logs).
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+fn enabled() -> bool {
+    true
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -50,6 +69,10 @@ impl AgentConfigDocument {
             observability: self.observability.as_ref().map(|o| pb::ObservabilityConfiguration {
                 logging: o.logging.as_ref().map(|l| pb::LoggingConfiguration { level: l.level.clone() }),
             }),
+            kubernetes_api: self
+                .kubernetes_api
+                .as_ref()
+                .map(|k| pb::KubernetesApiConfiguration { disabled: !k.enabled, read_only: k.read_only }),
         }
     }
 
@@ -288,6 +311,13 @@ mod tests {
         assert_ne!(d.to_response().commit_id, AgentConfigDocument::default().to_response().commit_id);
         let e = serde_norway::from_str::<AgentConfigDocument>("observability:\n  loging: {}\n").unwrap_err();
         assert!(e.to_string().contains("unknown field `loging`"));
+
+        let d: AgentConfigDocument = serde_norway::from_str("kubernetes_api:\n  read_only: true\n").unwrap();
+        let k = d.to_proto().kubernetes_api.unwrap();
+        assert!(k.read_only && !k.disabled, "enabled by default");
+        let d: AgentConfigDocument = serde_norway::from_str("kubernetes_api: {enabled: false}").unwrap();
+        assert!(d.to_proto().kubernetes_api.unwrap().disabled);
+        assert!(serde_norway::from_str::<AgentConfigDocument>("kubernetes_api: {readonly: true}").is_err());
     }
 
     #[test]
