@@ -7,6 +7,7 @@
 //! - proxy: the Kubernetes API proxy vs direct access and nginx (needs `cargo build --release
 //!   --bins` for the kas and agentk processes).
 
+mod git;
 mod proxy;
 
 use std::fmt::Write as _;
@@ -38,7 +39,8 @@ struct Args {
 }
 
 fn args() -> Args {
-    let mut a = Args { trials: 100, requests: 2000, out: None, sections: vec!["routing".into(), "proxy".into()] };
+    let mut a =
+        Args { trials: 100, requests: 2000, out: None, sections: vec!["routing".into(), "proxy".into(), "git".into()] };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
@@ -48,7 +50,7 @@ fn args() -> Args {
             "--out" => a.out = Some(value().into()),
             "--sections" => a.sections = value().split(',').map(str::to_owned).collect(),
             other => {
-                panic!("unknown flag {other} (use --trials N, --requests N, --sections routing,proxy, --out FILE)")
+                panic!("unknown flag {other} (use --trials N, --requests N, --sections routing,proxy,git, --out FILE)")
             }
         }
     }
@@ -215,6 +217,9 @@ async fn main() {
     }
     if a.sections.iter().any(|s| s == "proxy") {
         proxy::run(&mut report).await;
+    }
+    if a.sections.iter().any(|s| s == "git") {
+        git::run(a.trials, &mut report).await;
     }
     print!("{report}");
     if let Some(out) = a.out {
