@@ -182,6 +182,16 @@ impl App {
         self
     }
 
+    /// Puts a configuration from kas in force.
+    fn apply(&self, update: pb::ConfigurationResponse, last_commit: &mut String) {
+        tracing::info!(commit_id = %update.commit_id, "received agent configuration");
+        if let (Some(observer), Some(c)) = (&self.observer, &update.configuration) {
+            observer(c);
+        }
+        last_commit.clone_from(&update.commit_id);
+        self.configuration.send_replace(Some(update));
+    }
+
     pub fn status(&self) -> Status {
         Status {
             connected: self.connected.subscribe(),
@@ -273,6 +283,16 @@ impl App {
             r = client.get_configuration(req) => r?.into_inner(),
         };
         tracing::info!(%connection_id, kas = %address, "connected to kas");
+        // The first configuration (which may restrict the Kubernetes API proxy) is in force
+        // before any tunnel serves a request. kas always sends one to an agentk without one.
+        if self.configuration.borrow().is_none() {
+            let first = tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                m = stream.message() => m?,
+            };
+            let Some(update) = first else { return Ok(()) };
+            self.apply(update, last_commit);
+        }
         crate::metrics::connected();
         let stop_idle = shutdown.child_token();
         let stop_opening = CancellationToken::new();
@@ -296,14 +316,7 @@ impl App {
                 m = stream.message() => m,
             };
             match message {
-                Ok(Some(update)) => {
-                    tracing::info!(commit_id = %update.commit_id, "received agent configuration");
-                    if let (Some(observer), Some(c)) = (&self.observer, &update.configuration) {
-                        observer(c);
-                    }
-                    last_commit.clone_from(&update.commit_id);
-                    self.configuration.send_replace(Some(update));
-                }
+                Ok(Some(update)) => self.apply(update, last_commit),
                 Ok(None) => break Ok(()),
                 Err(status) => break Err(status),
             }
