@@ -237,8 +237,8 @@ impl Default for RateLimitConfig {
 pub struct AgentGitConfig {
     /// Largest `config.yaml` accepted; a larger one is FAILED_PRECONDITION.
     pub max_config_bytes: u64,
-    /// Where kas keeps its copies (bare mirrors, one branch each) of remote repositories.
-    /// Default: a temporary directory, removed when kas stops.
+    /// Where kas keeps its copies (bare mirrors, one branch each) of remote repositories; one
+    /// directory per kas process. Default: a temporary directory, removed when kas stops.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mirror_dir: Option<PathBuf>,
     /// HTTP basic credentials for remote repositories (for GitLab: any user name and a token

@@ -64,8 +64,26 @@ impl TokenBucket {
             s.tokens -= 1.0; // reserved: callers after this one wait behind it
             wait
         };
+        // A caller that goes away while waiting gives its reserved token back.
+        let mut reservation = Reservation { bucket: self, kept: false };
         tokio::time::sleep(wait).await;
+        reservation.kept = true;
         Ok(())
+    }
+}
+
+/// A token taken ahead of time; returned to the bucket if the waiting caller is dropped.
+struct Reservation<'a> {
+    bucket: &'a TokenBucket,
+    kept: bool,
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if !self.kept {
+            let mut s = self.bucket.state.lock().unwrap_or_else(PoisonError::into_inner);
+            s.tokens = (s.tokens + 1.0).min(self.bucket.burst);
+        }
     }
 }
 
@@ -111,6 +129,18 @@ mod tests {
         }
         assert_eq!(t.elapsed(), Duration::ZERO);
         b.acquire().await.unwrap();
+        assert_eq!(t.elapsed(), Duration::from_millis(500));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cancelled_waiter_gives_its_token_back() {
+        let bucket = TokenBucket::new(1, 1, Duration::from_secs(2));
+        bucket.acquire().await.unwrap();
+        // Waits 1 s for the next token; cancelled after 0.5 s.
+        assert!(tokio::time::timeout(Duration::from_millis(500), bucket.acquire()).await.is_err());
+        // Without the returned reservation the next token would be 1.5 s away.
+        let t = Instant::now();
+        bucket.acquire().await.unwrap();
         assert_eq!(t.elapsed(), Duration::from_millis(500));
     }
 }

@@ -112,6 +112,8 @@ impl Mirrors {
             KasError::GitUnavailable(format!("configuration repository {url}: {what}: {}", describe(e)))
         };
         if !path.join("HEAD").exists() {
+            // A mirror whose creation was cut short (kas stopped) is started over.
+            let _ = std::fs::remove_dir_all(&path);
             gix::init_bare(&path).map_err(|e| unavailable(&path, "cannot create the mirror", &e))?;
         }
         let repo = open(&path)?;
@@ -230,6 +232,11 @@ mod tests {
         let r =
             super::super::git::read_configuration_at(&mirrors.path(&url, Some("main")), &second, "a", 1024).unwrap();
         assert_eq!(r.configuration.unwrap().observability.unwrap().logging.unwrap().level, "warn");
+
+        // A mirror left half-created (no HEAD) is started over.
+        let half = mirrors.path(&url, Some("main"));
+        std::fs::remove_file(half.join("HEAD")).unwrap();
+        assert_eq!(mirrors.fetch(&url, Some("main")).unwrap(), second);
 
         let e = mirrors.fetch(&url, Some("no-such-branch")).unwrap_err();
         assert_eq!(e.grpc_code(), tonic::Code::Unavailable);
