@@ -240,8 +240,15 @@ async fn polls_are_shared_per_repository_and_rate_limited() {
     assert_eq!(level(&first), "debug");
     let fetched = git.upload_pack_posts();
     assert!(fetched > 0);
-    // Four more connections of two agents of that project, at once: no new fetch (and no
-    // rate limit token: the bucket holds one).
+    // That poll took the bucket's one token (1 per second, burst 1): another repository's poll
+    // right after is refused without reaching the Git server.
+    let e = presence_of(&c, 3, "").await.unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert!(e.message().contains("rate limited"), "{e:?}");
+    assert_eq!(git.upload_pack_posts(), fetched);
+
+    // Four more connections of two agents of the shared project, at once: served from the
+    // shared poll, no new fetch and no token needed.
     let streams = futures::future::join_all((0..4).map(|i| presence_of(&c, 1 + (i % 2), ""))).await;
     let mut levels = Vec::new();
     for s in streams {
@@ -251,11 +258,6 @@ async fn polls_are_shared_per_repository_and_rate_limited() {
     assert_eq!(levels, ["debug", "debug", "warn", "warn"]);
     assert_eq!(git.upload_pack_posts(), fetched, "one fetch for the shared repository");
 
-    // The bucket (1 per second, burst 1) is empty: another repository's poll is refused now.
-    let e = presence_of(&c, 3, "").await.unwrap_err();
-    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
-    assert!(e.message().contains("rate limited"), "{e:?}");
-    assert_eq!(git.upload_pack_posts(), fetched);
-    // ...and served once the bucket refills (failures are not reused).
+    // The refused repository is served once the bucket refills (failures are not reused).
     eventually!(presence_of(&c, 3, "").await.is_ok(), "served after the refill");
 }
