@@ -23,6 +23,7 @@ pub const WAITING_REQUESTS: &str = "kas_waiting_requests";
 pub const BUILD_INFO: &str = "kas_build_info";
 pub const GITLAB_REQUESTS: &str = "kas_gitlab_requests_total";
 pub const GIT_POLLS: &str = "kas_git_polls_total";
+pub const GIT_POLL_DURATION: &str = "kas_git_poll_duration_seconds";
 pub const PROXIED_BYTES: &str = "kas_proxied_bytes_total";
 
 /// How a routed request ended (the `outcome` label).
@@ -91,6 +92,11 @@ fn describe() {
     metrics::describe_gauge!(BUILD_INFO, "Always 1; labels carry the version and commit");
     metrics::describe_counter!(GITLAB_REQUESTS, "GitLab agent_info requests (token verification), by outcome");
     metrics::describe_counter!(GIT_POLLS, "Agent configuration reads from Git, by outcome (ok, error)");
+    metrics::describe_histogram!(
+        GIT_POLL_DURATION,
+        metrics::Unit::Seconds,
+        "Duration of a configuration repository poll (local read or remote fetch), by repository kind"
+    );
     metrics::describe_counter!(PROXIED_BYTES, "Kubernetes API proxy body bytes, by direction (request, response)");
 }
 
@@ -130,8 +136,11 @@ pub fn gitlab_request(outcome: &'static str) {
     metrics::counter!(GITLAB_REQUESTS, "outcome" => outcome).increment(1);
 }
 
-pub fn git_poll(ok: bool) {
+/// One repository poll: `remote` fetched over HTTP(S), else a local read; its duration.
+pub fn git_poll(ok: bool, remote: bool, took: Duration) {
     metrics::counter!(GIT_POLLS, "outcome" => if ok { "ok" } else { "error" }).increment(1);
+    let kind = if remote { "remote" } else { "local" };
+    metrics::histogram!(GIT_POLL_DURATION, "repository" => kind).record(took.as_secs_f64());
 }
 
 pub fn proxied_bytes(direction: &'static str, n: usize) {

@@ -255,12 +255,17 @@ impl AgentConfigurations {
                     KasError::RateLimited(format!("configuration repository {}: {e}", repository.location))
                 })?;
                 let (mirrors, repo) = (self.mirrors.clone(), repository.clone());
+                let remote = matches!(repo.location, RepositoryLocation::Remote(_));
+                let started = std::time::Instant::now();
                 let result = blocking(move || match &repo.location {
                     RepositoryLocation::Local(path) => git::resolve_branch(path, repo.branch.as_deref()),
                     RepositoryLocation::Remote(url) => mirrors.fetch(url, repo.branch.as_deref()),
                 })
                 .await;
-                crate::metrics::git_poll(result.is_ok());
+                crate::metrics::git_poll(result.is_ok(), remote, started.elapsed());
+                if let Err(e) = &result {
+                    tracing::warn!(repository = %repository.location, error = %e, "configuration repository poll failed");
+                }
                 result
             })
             .await?;
