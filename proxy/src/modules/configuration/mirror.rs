@@ -21,6 +21,10 @@ use crate::error::KasError;
 
 /// The local ref each mirror fetches its branch into.
 const MIRROR_REF: &str = "refs/kas/config";
+/// A mirror no agent polled for this long is deleted (its agents went away; disk is reclaimed).
+const MIRROR_IDLE_TTL: Duration = Duration::from_secs(3600);
+/// How often fetches look for idle mirrors.
+const SWEEP_PERIOD: Duration = Duration::from_secs(300);
 
 #[derive(Debug, thiserror::Error)]
 pub enum MirrorSetupError {
@@ -49,6 +53,17 @@ pub struct Mirrors {
     ca_pem: Option<Arc<Vec<u8>>>,
     connect_timeout: Duration,
     fetch_timeout: Duration,
+    /// When each mirror this kas made was last fetched, and when idle ones were last swept.
+    /// Only blocking fetch threads take the lock, never across an `.await`.
+    usage: std::sync::Mutex<Usage>,
+    /// At least [`MIRROR_IDLE_TTL`]; longer with a long poll period (see `AgentConfigurations`).
+    pub(super) idle_ttl: Duration,
+}
+
+#[derive(Default)]
+struct Usage {
+    last_fetch: std::collections::HashMap<PathBuf, std::time::Instant>,
+    last_sweep: Option<std::time::Instant>,
 }
 
 impl Mirrors {
@@ -96,7 +111,34 @@ impl Mirrors {
             ca_pem,
             connect_timeout: config.connect_timeout,
             fetch_timeout: config.fetch_timeout,
+            usage: std::sync::Mutex::default(),
+            idle_ttl: MIRROR_IDLE_TTL,
         })
+    }
+
+    /// Records that `path` is in use and, every [`SWEEP_PERIOD`], deletes the mirrors nobody
+    /// fetched for `idle_ttl`. Under the lock, so a mirror is never deleted while its fetch
+    /// starts (fetches of one mirror are already one at a time: polls are shared per repository).
+    fn touch_and_sweep(&self, path: &std::path::Path) {
+        let now = std::time::Instant::now();
+        let mut usage = self.usage.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        usage.last_fetch.insert(path.to_owned(), now);
+        if usage.last_sweep.is_some_and(|t| now.duration_since(t) < SWEEP_PERIOD.min(self.idle_ttl)) {
+            return;
+        }
+        usage.last_sweep = Some(now);
+        let idle: Vec<PathBuf> = usage
+            .last_fetch
+            .iter()
+            .filter(|(p, t)| p.as_path() != path && now.duration_since(**t) >= self.idle_ttl)
+            .map(|(p, _)| p.clone())
+            .collect();
+        for p in idle {
+            usage.last_fetch.remove(&p);
+            if let Err(e) = std::fs::remove_dir_all(&p) {
+                tracing::warn!(mirror = %p.display(), error = %e, "cannot delete an idle configuration mirror");
+            }
+        }
     }
 
     /// The mirror of `url`'s `branch` (`None`: the remote's `HEAD`).
@@ -108,6 +150,7 @@ impl Mirrors {
     /// Fetches `branch` of `url` into its mirror; returns the commit it points to. Blocking.
     pub fn fetch(&self, url: &str, branch: Option<&str>) -> Result<String, KasError> {
         let path = self.path(url, branch);
+        self.touch_and_sweep(&path);
         let failed = |what: &str, e: &(dyn std::error::Error + 'static)| {
             KasError::GitUnavailable(format!("configuration repository {url}: {what}: {}", describe(e)))
         };
@@ -241,6 +284,23 @@ mod tests {
         let e = mirrors.fetch(&url, Some("no-such-branch")).unwrap_err();
         assert_eq!(e.grpc_code(), tonic::Code::Unavailable);
         assert!(e.to_string().contains("refs/heads/no-such-branch"), "{e}");
+    }
+
+    #[test]
+    fn idle_mirrors_are_deleted() {
+        let repo = TestRepo::new();
+        repo.commit(".gitlab/agents/a/config.yaml", b"{}\n");
+        let url = format!("file://{}", repo.bare.display());
+        let mut mirrors = Mirrors::new(&AgentGitConfig::default()).unwrap();
+        mirrors.idle_ttl = Duration::ZERO; // every other mirror is idle at the next fetch
+        mirrors.fetch(&url, Some("main")).unwrap();
+        let main = mirrors.path(&url, Some("main"));
+        assert!(main.exists());
+        mirrors.fetch(&url, None).unwrap();
+        assert!(!main.exists(), "the idle mirror was deleted");
+        assert!(mirrors.path(&url, None).exists(), "the one being fetched stays");
+        mirrors.fetch(&url, Some("main")).unwrap();
+        assert!(main.exists(), "and comes back when polled again");
     }
 
     #[test]

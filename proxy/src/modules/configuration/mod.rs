@@ -236,8 +236,12 @@ impl AgentConfigurations {
     pub fn new(config: &AgentGitConfig, poll_period: Duration) -> Result<Self, mirror::MirrorSetupError> {
         let share = poll_period / 10;
         let rl = &config.rate_limit;
+        let mut mirrors = mirror::Mirrors::new(config)?;
+        // A mirror in use is fetched at least every poll period: only a much longer quiet
+        // means its agents are gone.
+        mirrors.idle_ttl = mirrors.idle_ttl.max(poll_period * 3);
         Ok(Self {
-            mirrors: Arc::new(mirror::Mirrors::new(config)?),
+            mirrors: Arc::new(mirrors),
             // Failures are shared only by concurrent polls: the next poll tries again.
             commits: TtlCache::new(share, Duration::ZERO, 100_000),
             limiter: TokenBucket::new(rl.requests_per_second, rl.burst, rl.max_wait),
