@@ -37,12 +37,16 @@ pub struct GitHttpOptions {
     /// Require HTTP basic auth with this (username, password); otherwise 401 with
     /// `WWW-Authenticate: Basic realm="git"`, as Git servers do so clients retry with credentials.
     pub basic_auth: Option<(String, String)>,
+    /// Answer every request with `301 Moved Permanently` to this base URL plus the request's
+    /// path and query (a moved server).
+    pub redirect_to: Option<String>,
 }
 
 #[derive(Default)]
 struct Shared {
     root: PathBuf,
     basic_auth: Option<(String, String)>,
+    redirect_to: Option<String>,
     requests: AtomicUsize,
     upload_pack_posts: AtomicUsize,
     with_credentials: AtomicUsize,
@@ -70,7 +74,12 @@ impl GitHttpServer {
     /// Serves every repository under `root` (see [`GitHttpServer::start`]) with these options.
     pub async fn start_with(root: &Path, options: GitHttpOptions) -> Self {
         git_binary();
-        let shared = Arc::new(Shared { root: root.to_owned(), basic_auth: options.basic_auth, ..Default::default() });
+        let shared = Arc::new(Shared {
+            root: root.to_owned(),
+            basic_auth: options.basic_auth,
+            redirect_to: options.redirect_to,
+            ..Default::default()
+        });
         let app = Router::new().fallback(handle).with_state(shared.clone());
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind git http server");
         let port = listener.local_addr().expect("addr").port();
@@ -235,6 +244,10 @@ fn authenticate(shared: &Shared, headers: &HeaderMap) -> Result<Option<String>, 
 
 async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     shared.requests.fetch_add(1, Ordering::SeqCst);
+    if let Some(base) = &shared.redirect_to {
+        let target = format!("{base}{}", request.uri().path_and_query().map_or("/", |p| p.as_str()));
+        return (StatusCode::MOVED_PERMANENTLY, [(header::LOCATION, target)]).into_response();
+    }
     let (parts, body) = request.into_parts();
     let Ok(user) = authenticate(&shared, &parts.headers) else {
         let challenge = [(header::WWW_AUTHENTICATE, "Basic realm=\"git\"")];
@@ -473,7 +486,9 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let commit = GitRepo::create_in(root.path(), "group/p.git").commit("dir/file.txt", b"hello\n");
         let basic_auth = Some(("user".to_owned(), "pa55".to_owned()));
-        let server = GitHttpServer::start_with(root.path(), GitHttpOptions { tls: true, basic_auth }).await;
+        let server =
+            GitHttpServer::start_with(root.path(), GitHttpOptions { tls: true, basic_auth, ..Default::default() })
+                .await;
         let port = server.url().rsplit(':').next().unwrap().to_owned();
         let out = tempfile::tempdir().unwrap();
 

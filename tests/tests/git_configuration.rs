@@ -105,7 +105,7 @@ async fn remote_repository_over_https_with_credentials() {
     let password = format!("token-{}", rand::random::<u64>());
     let git = GitHttpServer::start_with(
         root.path(),
-        GitHttpOptions { tls: true, basic_auth: Some(("kas".into(), password.clone())) },
+        GitHttpOptions { tls: true, basic_auth: Some(("kas".into(), password.clone())), ..Default::default() },
     )
     .await;
     let url = format!("{}/group/agents.git", git.url());
@@ -164,13 +164,21 @@ async fn remote_repository_failures_are_unavailable_and_explained() {
         GitHttpOptions { basic_auth: Some(("kas".into(), "right".into())), ..Default::default() },
     )
     .await;
-    let (a, b) = (untrusted.url(), protected.url());
+    // A moved server: redirects are not followed (credentials never reach a second host).
+    let target = GitHttpServer::start(root.path()).await;
+    let moved = GitHttpServer::start_with(
+        root.path(),
+        GitHttpOptions { redirect_to: Some(target.url()), ..Default::default() },
+    )
+    .await;
+    let (a, b, m) = (untrusted.url(), protected.url(), moved.url());
     let c = Cluster::builder()
-        .agents(&[(1, 1), (2, 1)])
+        .agents(&[(1, 1), (2, 1), (3, 1)])
         .configure(move |config, _| {
             let agents = config.agents.static_file.as_ref().unwrap();
             set_repository(agents, 0, format!("{a}/group/agents.git"));
             set_repository(agents, 1, format!("{b}/group/agents.git"));
+            set_repository(agents, 2, format!("{m}/group/agents.git"));
         })
         .start()
         .await;
@@ -183,6 +191,12 @@ async fn remote_repository_failures_are_unavailable_and_explained() {
     assert_eq!(e.code(), Code::Unavailable, "{e:?}");
     assert!(e.message().contains("agents.git.password_file"), "{e:?}");
     assert_eq!(protected.upload_pack_posts(), 0);
+
+    let e = presence_of(&c, 3, "").await.unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert!(moved.requests() > 0);
+    assert_eq!(target.requests(), 0, "the redirect was not followed: {e:?}");
+    assert!(e.message().contains("a redirect, which kas does not follow"), "{e:?}");
 }
 
 /// GitLab mode: the configuration comes from the agent's project repository that GitLab's

@@ -152,7 +152,15 @@ impl Mirrors {
         let path = self.path(url, branch);
         self.touch_and_sweep(&path);
         let failed = |what: &str, e: &(dyn std::error::Error + 'static)| {
-            KasError::GitUnavailable(format!("configuration repository {url}: {what}: {}", describe(e)))
+            let mut cause = describe(e);
+            if cause.contains("application/x-git-upload-pack-advertisement") {
+                // gitoxide's words for "this answer is not Git's": say what that usually means.
+                cause.push_str(
+                    " (the server did not answer as a Git server: a redirect, which kas does not follow, a login \
+                     page, or a wrong URL)",
+                );
+            }
+            KasError::GitUnavailable(format!("configuration repository {url}: {what}: {cause}"))
         };
         if !path.join("HEAD").exists() {
             // A mirror whose creation was cut short (kas stopped) is started over.
@@ -172,6 +180,9 @@ impl Mirrors {
             _ => http::Options::default(),
         };
         options.connect_timeout = Some(self.connect_timeout);
+        // Like kas's GitLab client: a redirect is an error, never a second host seeing the
+        // credentials.
+        options.follow_redirects = http::options::FollowRedirects::None;
         options.user_agent = Some(format!("kas/{}", crate::VERSION));
         options.backend = Some(Arc::new(std::sync::Mutex::new(self.reqwest_options())));
         let credentials = self.credentials.clone();
