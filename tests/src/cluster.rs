@@ -416,6 +416,17 @@ impl Cluster {
         KasApiClient::with_interceptor(channel(self.kas[kas].addresses.api), BearerInterceptor(token))
     }
 
+    /// Panics unless kas number `kas`'s `/metrics` contains every one of `series` (e.g.
+    /// `kas_git_polls_total{outcome="ok"}`). The recorder is process-wide: counts are shared by
+    /// the tests of one test binary, so only presence is checked.
+    pub async fn assert_metrics(&self, kas: usize, series: &[&str]) {
+        let url = format!("http://{}/metrics", self.kas[kas].addresses.observability);
+        let text = reqwest::get(&url).await.expect("GET /metrics").text().await.expect("metrics text");
+        for line in series {
+            assert!(text.contains(line), "{line} missing from /metrics:\n{text}");
+        }
+    }
+
     /// Base URL of kas number `kas`'s REST gateway, e.g. `http://127.0.0.1:40123`.
     /// The rest listener's base URL (`https://localhost:port` when it serves TLS).
     pub fn rest_url(&self, kas: usize) -> String {

@@ -142,14 +142,12 @@ async fn remote_repository_over_https_with_credentials() {
     assert!(e.message().contains("missing.git"), "{e:?}");
     assert!(!e.message().contains(&password), "{e:?}");
 
-    // Polls are measured (the recorder is shared by the tests of this binary).
-    let url = format!("http://{}/metrics", c.kas[0].addresses.observability);
-    let metrics = reqwest::get(&url).await.unwrap().text().await.unwrap();
-    for line in
-        [r#"kas_git_poll_duration_seconds_count{repository="remote"}"#, r#"kas_git_polls_total{outcome="error"}"#]
-    {
-        assert!(metrics.contains(line), "{line} missing:\n{metrics}");
-    }
+    // Polls are measured.
+    c.assert_metrics(
+        0,
+        &[r#"kas_git_poll_duration_seconds_count{repository="remote"}"#, r#"kas_git_polls_total{outcome="error"}"#],
+    )
+    .await;
 }
 
 /// Without credentials, or with a server certificate kas does not trust, fetching fails with
