@@ -202,17 +202,10 @@ async fn busy_observability_address_is_a_startup_error_naming_it() {
     assert!(stderr.contains(&format!("cannot listen on --observability-address {address}")), "{stderr}");
 }
 
-/// Sends one HTTP/1.1 request and returns (status code, body).
+/// One HTTP GET: (status code, body).
 async fn http_get(address: SocketAddr, path: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
-    let code = response.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("{response}"));
-    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
-    (code, body)
+    let response = reqwest::get(format!("http://{address}{path}")).await.unwrap();
+    (response.status().as_u16(), response.text().await.unwrap())
 }
 
 /// The binary serves the probes the Helm chart configures: alive, and not ready while kas is

@@ -5,18 +5,11 @@
 use std::net::SocketAddr;
 
 use kas_e2e::{Cluster, eventually};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// One HTTP/1.1 GET over a fresh TCP connection: (status code, body).
+/// One HTTP GET: (status code, body).
 async fn get(address: SocketAddr, path: &str) -> (u16, String) {
-    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
-    let code = response.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("{response}"));
-    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
-    (code, body)
+    let response = reqwest::get(format!("http://{address}{path}")).await.unwrap();
+    (response.status().as_u16(), response.text().await.unwrap())
 }
 
 #[tokio::test]
