@@ -416,6 +416,12 @@ impl Cluster {
         KasApiClient::with_interceptor(channel(self.kas[kas].addresses.api), BearerInterceptor(token))
     }
 
+    /// The agent's connections as kas number `kas` lists them (`ConnectedAgentsById`).
+    pub async fn connections(&self, kas: usize, agent_id: i64) -> Vec<kas_proto::kas::ConnectedAgentInfo> {
+        let request = kas_proto::kas::ConnectedAgentsByIdRequest { agent_id };
+        self.api(kas).connected_agents_by_id(request).await.expect("ConnectedAgentsById").into_inner().agents
+    }
+
     /// Panics unless kas number `kas`'s `/metrics` contains every one of `series` (e.g.
     /// `kas_git_polls_total{outcome="ok"}`). The recorder is process-wide: counts are shared by
     /// the tests of one test binary, so only presence is checked.

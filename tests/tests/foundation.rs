@@ -48,8 +48,7 @@ async fn connected_agents_by_id_and_project_with_two_replicas() {
     let _other = c.start_agentk(2, 0, "agentk-x").await;
     let mut api = c.api(0);
 
-    let agents =
-        api.connected_agents_by_id(ConnectedAgentsByIdRequest { agent_id: 1 }).await.unwrap().into_inner().agents;
+    let agents = c.connections(0, 1).await;
     assert_eq!(agents.len(), 2, "{agents:?}");
     let mut conn_ids: Vec<i64> = agents.iter().map(|a| a.connection_id).collect();
     conn_ids.sort();
@@ -145,20 +144,11 @@ async fn agentk_restart_reconnects_and_serves_again() {
     let first_conn = first.connection_id().unwrap();
     api.get_pods(get_pods(1)).await.expect("before restart");
     first.stop().await;
-    eventually!(
-        api.connected_agents_by_id(ConnectedAgentsByIdRequest { agent_id: 1 })
-            .await
-            .unwrap()
-            .into_inner()
-            .agents
-            .is_empty(),
-        "connection record removed after agentk stopped"
-    );
+    eventually!(c.connections(0, 1).await.is_empty(), "connection record removed after agentk stopped");
     let second = c.start_agentk(1, 0, "agentk-0").await;
     assert_ne!(second.connection_id().unwrap(), first_conn);
     api.get_pods(get_pods(1)).await.expect("after restart");
-    let agents =
-        api.connected_agents_by_id(ConnectedAgentsByIdRequest { agent_id: 1 }).await.unwrap().into_inner().agents;
+    let agents = c.connections(0, 1).await;
     assert_eq!(agents.len(), 1);
     assert_eq!(agents[0].connection_id, second.connection_id().unwrap());
 }
@@ -286,15 +276,7 @@ async fn bad_agent_token_is_rejected() {
     let mut attempts = a.status.failed_attempts.clone();
     attempts.wait_for(|n| *n >= 2).await.unwrap();
     assert!(!a.status.is_ready());
-    let mut api = c.api(0);
-    assert!(
-        api.connected_agents_by_id(ConnectedAgentsByIdRequest { agent_id: 1 })
-            .await
-            .unwrap()
-            .into_inner()
-            .agents
-            .is_empty()
-    );
+    assert!(c.connections(0, 1).await.is_empty());
 }
 
 #[tokio::test]
@@ -422,14 +404,5 @@ async fn agentk_shutdown_finishes_in_flight_requests() {
     assert_eq!(resp.pods, pods(&[("default", "slow")]));
     stopping.await.unwrap();
     // And the agent is gone afterwards.
-    let mut api = c.api(0);
-    eventually!(
-        api.connected_agents_by_id(ConnectedAgentsByIdRequest { agent_id: 1 })
-            .await
-            .unwrap()
-            .into_inner()
-            .agents
-            .is_empty(),
-        "connection removed after agentk stopped"
-    );
+    eventually!(c.connections(0, 1).await.is_empty(), "connection removed after agentk stopped");
 }

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use kas_e2e::{Cluster, eventually};
-use kas_proto::kas::{ConnectedAgentsByIdRequest, GetPodsRequest};
+use kas_proto::kas::GetPodsRequest;
 
 /// A steady GetPods load through kas number `kas` until stopped: (successes, failures).
 struct Load {
@@ -59,23 +59,15 @@ async fn a_graceful_restart_hands_agents_to_another_kas_without_failed_requests(
     a.ready().await;
     let on_kas_1 = c.kas[1].instance_id().to_owned();
     let on_kas_0 = c.kas[0].instance_id().to_owned();
-    let mut api = c.api(0);
     let holder = |agents: &[kas_proto::kas::ConnectedAgentInfo]| agents.first().map(|i| i.kas_instance_id.clone());
-    let agents =
-        api.connected_agents_by_id(ConnectedAgentsByIdRequest { agent_id: 1 }).await.unwrap().into_inner().agents;
-    assert_eq!(holder(&agents), Some(on_kas_1));
+    assert_eq!(holder(&c.connections(0, 1).await), Some(on_kas_1));
 
     // Steady load through kas 0, which forwards to kas 1 for now.
     let load = Load::start(&c, 0);
     eventually!(load.ok() >= 20, "load running through kas 1");
     // Roll kas 1: it drains, tells the agent to move, removes its records, exits.
     c.kas.remove(1).stop().await;
-    eventually!(
-        holder(
-            &api.connected_agents_by_id(ConnectedAgentsByIdRequest { agent_id: 1 }).await.unwrap().into_inner().agents
-        ) == Some(on_kas_0.clone()),
-        "the agent moved to kas 0"
-    );
+    eventually!(holder(&c.connections(0, 1).await) == Some(on_kas_0.clone()), "the agent moved to kas 0");
     let after_move = load.ok();
     eventually!(load.ok() >= after_move + 20, "requests served by the agent on kas 0");
     // A new kas 1 joins (the "restarted" replica); traffic goes on.

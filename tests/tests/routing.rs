@@ -17,10 +17,6 @@ fn get_pods(agent_id: i64, connection_id: i64) -> GetPodsRequest {
     GetPodsRequest { agent_id, connection_id }
 }
 
-async fn connections(c: &Cluster, kas: usize, agent_id: i64) -> Vec<kas_proto::kas::ConnectedAgentInfo> {
-    c.api(kas).connected_agents_by_id(ConnectedAgentsByIdRequest { agent_id }).await.unwrap().into_inner().agents
-}
-
 fn redis_keys(c: &Cluster) -> String {
     c.config.registry.redis.as_ref().unwrap().key_prefix.clone()
 }
@@ -40,7 +36,7 @@ async fn request_to_a_kas_without_the_agent_is_routed_through_the_kas_that_has_i
 
     // Every kas lists the connection, with the address of the kas holding it.
     for k in 0..3 {
-        let agents = connections(&c, k, 1).await;
+        let agents = c.connections(k, 1).await;
         assert_eq!(agents.len(), 1, "kas {k}: {agents:?}");
         let address = agents[0].kas_address.as_ref().unwrap();
         assert_eq!(address.port, u32::from(c.kas[2].addresses.internal.port()));
@@ -81,7 +77,7 @@ async fn an_agent_with_replicas_on_two_kas_is_listed_with_both_and_each_is_reach
     let b = c.start_agentk_with(config_b).await;
     b.ready().await;
 
-    let agents = connections(&c, 2, 1).await;
+    let agents = c.connections(2, 1).await;
     assert_eq!(agents.len(), 2, "{agents:?}");
     let mut by_pod: Vec<(String, u32)> =
         agents.iter().map(|i| (i.pod_name.clone(), i.kas_address.as_ref().unwrap().port)).collect();
@@ -136,7 +132,7 @@ async fn a_gracefully_stopped_kas_leaves_no_records() {
     let fields: Vec<String> = redis.query(redis::cmd("HKEYS").arg(format!("{prefix}:project:10"))).await;
     assert!(fields.is_empty(), "records left behind: {fields:?}");
     assert_eq!(redis.query::<i64>(redis::cmd("EXISTS").arg(format!("{prefix}:kas:{instance}"))).await, 0);
-    assert!(connections(&c, 0, 1).await.is_empty());
+    assert!(c.connections(0, 1).await.is_empty());
 }
 
 #[tokio::test]
@@ -162,7 +158,7 @@ async fn a_crashed_kas_stops_receiving_requests_within_the_heartbeat_ttl() {
     let fields: Vec<String> = redis.query(redis::cmd("HKEYS").arg(format!("{prefix}:agent:1"))).await;
     assert_eq!(fields.len(), 1, "the crashed kas's record should still be stored");
     // ... but kas A ignores it once B's heartbeat expires: not listed, not routed to.
-    eventually!(connections(&c, 0, 1).await.is_empty(), "record of the crashed kas ignored");
+    eventually!(c.connections(0, 1).await.is_empty(), "record of the crashed kas ignored");
     let ignored_after = crashed_at.elapsed();
     let heartbeat_ttl = c.config.registry.heartbeat_ttl;
     assert!(ignored_after <= heartbeat_ttl + Duration::from_secs(1), "took {ignored_after:?} (ttl {heartbeat_ttl:?})");
@@ -177,7 +173,7 @@ async fn redis_restart_keeps_local_routing_working_and_records_come_back() {
     c.kube.add_pod("default", "p");
     let _a = c.start_agentk(1, 0, "agentk-0").await;
     let _b = c.start_agentk(1, 1, "agentk-1").await;
-    assert_eq!(connections(&c, 0, 1).await.len(), 2);
+    assert_eq!(c.connections(0, 1).await.len(), 2);
 
     c.redis.as_mut().unwrap().stop().await;
     // Local requests keep working while Redis is down (each kas holds a replica).
