@@ -89,7 +89,11 @@ pub struct App {
 
 async fn kube_config(source: &KubeSource) -> Result<kube::Config, AgentError> {
     let config = match source {
-        KubeSource::InCluster => kube::Config::incluster().map_err(|e| AgentError::Kube(e.to_string()))?,
+        KubeSource::InCluster => kube::Config::incluster().map_err(|e| {
+                AgentError::Kube(format!(
+                    "{e}: agentk is not running in a Kubernetes pod; outside a cluster pass --kubeconfig (or set KUBECONFIG)"
+                ))
+            })?,
         KubeSource::Kubeconfig(path) => {
             let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| AgentError::Kube(e.to_string()))?;
             kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
@@ -224,6 +228,7 @@ impl App {
             let (address, channel) = &self.channels[attempt % self.channels.len()];
             let started = Instant::now();
             match self.session(address, channel, &shutdown, &stop_all, &in_flight, &mut last_commit).await {
+                Ok(()) if shutdown.is_cancelled() => tracing::info!("connection to kas closed for shutdown"),
                 Ok(()) => tracing::info!("kas ended the connection; reconnecting"),
                 Err(status) => {
                     self.failed_attempts.send_modify(|n| *n += 1);

@@ -35,13 +35,13 @@ pub struct Args {
     #[arg(long, env = "KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
     /// Idle tunnels to keep open.
-    #[arg(long, default_value_t = DEFAULT_MIN_IDLE_TUNNELS)]
+    #[arg(long, env = "AGENTK_MIN_IDLE_TUNNELS", default_value_t = DEFAULT_MIN_IDLE_TUNNELS)]
     pub min_idle_tunnels: usize,
     /// Maximum open tunnels (idle + in use).
-    #[arg(long, default_value_t = DEFAULT_MAX_TUNNELS)]
+    #[arg(long, env = "AGENTK_MAX_TUNNELS", default_value_t = DEFAULT_MAX_TUNNELS)]
     pub max_tunnels: usize,
     /// How long in-flight requests may run after SIGTERM.
-    #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "AGENTK_GRACE_PERIOD", default_value = "20s", value_parser = humantime::parse_duration)]
     pub grace_period: Duration,
     /// Pod name (from the downward API).
     #[arg(long, env = "POD_NAME", default_value = "")]

@@ -18,7 +18,12 @@ const ENV: &[&str] = &[
     "AGENTK_CA_CERT_FILE",
     "AGENTK_LOG",
     "AGENTK_OBSERVABILITY_ADDRESS",
+    "AGENTK_MIN_IDLE_TUNNELS",
+    "AGENTK_MAX_TUNNELS",
+    "AGENTK_GRACE_PERIOD",
     "KUBECONFIG",
+    "KUBERNETES_SERVICE_HOST",
+    "KUBERNETES_SERVICE_PORT",
     "POD_NAME",
     "POD_NAMESPACE",
     "RUST_BACKTRACE",
@@ -162,6 +167,48 @@ fn observability_address_defaults_to_all_interfaces_on_8080_for_the_binary_only(
 
     let err = parse(&["--observability-address", "localhost"]).unwrap_err().to_string();
     assert!(err.contains("--observability-address"), "{err}");
+}
+
+/// README: every flag can also be set by environment. Each flag of `agentk --help` names its
+/// variable, and a bad value there is refused like a bad flag, not ignored.
+#[tokio::test]
+async fn every_flag_has_an_environment_variable_and_bad_values_there_are_refused() {
+    use clap::CommandFactory;
+    for arg in Args::command().get_arguments() {
+        let id = arg.get_id().as_str();
+        if matches!(id, "help" | "version") {
+            continue;
+        }
+        assert!(arg.get_env().is_some(), "--{} has no environment variable", arg.get_long().unwrap_or(id));
+    }
+    for (var, flag) in [
+        ("AGENTK_MAX_TUNNELS", "--max-tunnels"),
+        ("AGENTK_MIN_IDLE_TUNNELS", "--min-idle-tunnels"),
+        ("AGENTK_GRACE_PERIOD", "--grace-period"),
+    ] {
+        let mut cmd = tokio::process::Command::new(AGENTK);
+        for v in ENV {
+            cmd.env_remove(v);
+        }
+        cmd.env(var, "abc").args(["--kas-address", "grpc://127.0.0.1:1", "--token-file", "/nonexistent"]);
+        let out =
+            tokio::time::timeout(Duration::from_secs(20), cmd.stdin(Stdio::null()).output()).await.unwrap().unwrap();
+        assert!(!out.status.success(), "{var}=abc was accepted");
+        let stderr = text(&out.stderr);
+        assert!(stderr.contains(flag) && stderr.contains("abc"), "{var}=abc: {stderr}");
+    }
+}
+
+/// Outside a cluster without --kubeconfig, the error says what to do.
+#[tokio::test]
+async fn outside_a_cluster_without_kubeconfig_the_error_names_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "t").unwrap();
+    let out = run(&["--kas-address", "grpc://127.0.0.1:1", "--token-file", token_file.to_str().unwrap()]).await;
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("not running in a Kubernetes pod") && stderr.contains("--kubeconfig"), "{stderr}");
 }
 
 /// A kubeconfig kube-rs accepts without contacting the (absent) API server.

@@ -32,16 +32,16 @@ pub enum KasError {
     #[error("{0}")]
     InvalidArgument(String),
     /// No connection of the agent appeared before the wait ended.
-    #[error("agent {agent_id} is not connected (waited {waited:?} for it to connect)")]
+    #[error("agent {agent_id} is not connected (waited {} for it to connect)", Rounded(*.waited))]
     AgentNotConnected { agent_id: AgentId, waited: Duration },
     /// The named connection does not exist (anywhere the router looked).
-    #[error("connection {connection_id} of agent {agent_id} is not connected (waited {waited:?})")]
+    #[error("connection {connection_id} of agent {agent_id} is not connected (waited {})", Rounded(*.waited))]
     ConnectionNotConnected { agent_id: AgentId, connection_id: ConnectionId, waited: Duration },
     /// The agent is connected but no tunnel became free before the wait ended.
-    #[error("agent {agent_id} is connected but had no free tunnel within {waited:?}")]
+    #[error("agent {agent_id} is connected but had no free tunnel within {}", Rounded(*.waited))]
     AgentBusy { agent_id: AgentId, waited: Duration },
     /// The caller's own deadline passed while waiting for the agent.
-    #[error("deadline exceeded after {waited:?} while waiting for agent {agent_id}")]
+    #[error("deadline exceeded after {} while waiting for agent {agent_id}", Rounded(*.waited))]
     DeadlineExceeded { agent_id: AgentId, waited: Duration },
     /// KasInternal: this kas does not hold the named connection (the routing kas tries another).
     #[error("connection {connection_id} of agent {agent_id} is not connected to this kas")]
@@ -125,6 +125,24 @@ impl From<KasError> for tonic::Status {
     }
 }
 
+/// A duration as people read it in a message: `20s`, `1.5s`, `300ms` (not `20.001183635s`).
+pub struct Rounded(pub Duration);
+
+impl std::fmt::Display for Rounded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ms = self.0.as_millis();
+        if ms < 1000 {
+            return write!(f, "{ms}ms");
+        }
+        let tenths = (ms + 50) / 100;
+        if tenths.is_multiple_of(10) {
+            write!(f, "{}s", tenths / 10)
+        } else {
+            write!(f, "{}.{}s", tenths / 10, tenths % 10)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,5 +159,14 @@ mod tests {
         let e = KasError::AgentNotConnected { agent_id: AgentId(7), waited: Duration::from_secs(1) };
         assert_eq!(e.http_status(), http::StatusCode::SERVICE_UNAVAILABLE);
         assert!(e.public_message().contains("agent 7 is not connected"));
+    }
+
+    #[test]
+    fn waits_are_printed_rounded() {
+        let e = KasError::AgentNotConnected { agent_id: AgentId(7), waited: Duration::from_nanos(20_001_183_635) };
+        assert_eq!(e.public_message(), "agent 7 is not connected (waited 20s for it to connect)");
+        assert_eq!(Rounded(Duration::from_millis(1_460)).to_string(), "1.5s");
+        assert_eq!(Rounded(Duration::from_millis(299)).to_string(), "299ms");
+        assert_eq!(Rounded(Duration::from_millis(59_960)).to_string(), "60s");
     }
 }

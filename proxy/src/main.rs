@@ -158,10 +158,11 @@ async fn run(
             None => config.registry.redis = Some(kas::registry::redis::RedisConfig::new(url)),
         }
     }
+    let redis = config.registry.redis.is_some();
     let bound = kas::App::new(config).bind().await?;
     if let Some(dev) = dev {
         let a = bound.addresses();
-        eprintln!("\n{}", dev.instructions(&a.agent.to_string(), &a.api.to_string(), &a.rest.to_string()));
+        eprintln!("\n{}", dev.instructions(redis, &a.agent.to_string(), &a.api.to_string(), &a.rest.to_string()));
     }
     bound.serve(shutdown).await?;
     Ok(())

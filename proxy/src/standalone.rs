@@ -89,11 +89,13 @@ pub fn ensure_dev_setup(dir: &Path) -> Result<DevSetup, DevSetupError> {
 }
 
 impl DevSetup {
-    /// What to tell the user; paths only, never secret values.
-    pub fn instructions(&self, agent_address: &str, api_address: &str, rest_address: &str) -> String {
+    /// What to tell the user; paths only, never secret values (not even the Redis URL, which
+    /// may hold a password).
+    pub fn instructions(&self, redis: bool, agent_address: &str, api_address: &str, rest_address: &str) -> String {
         let d = self.dir.display();
+        let registry = if redis { "Redis registry (--redis-url)" } else { "in-memory registry" };
         format!(
-            "kas is running in standalone mode (in-memory registry, loopback listeners).\n\
+            "kas is running in standalone mode ({registry}, loopback listeners).\n\
              Dev secrets are in {d} ({}).\n\
              \n\
              Connect an agent (agent id {DEV_AGENT_ID}, project {DEV_PROJECT_ID}):\n\
@@ -140,6 +142,8 @@ mod tests {
         let second = ensure_dev_setup(&dir).unwrap();
         assert!(!second.created);
         assert_eq!(std::fs::read_to_string(&second.agent_token_file).unwrap(), token);
-        assert!(!second.instructions("a", "b", "c").contains(token.trim()));
+        assert!(!second.instructions(false, "a", "b", "c").contains(token.trim()));
+        assert!(second.instructions(false, "a", "b", "c").contains("(in-memory registry, "));
+        assert!(second.instructions(true, "a", "b", "c").contains("(Redis registry (--redis-url), "));
     }
 }

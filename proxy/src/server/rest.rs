@@ -413,6 +413,42 @@ pub fn forwarded_metadata(headers: &HeaderMap) -> HashMap<String, MetadataValues
         .collect()
 }
 
+/// One handler documented for several methods shares its `operation_id`; OpenAPI requires
+/// operation ids to be unique, so each method's copy gets the method as a suffix
+/// (`kubernetesApiProxy` -> `kubernetesApiProxyGet`, ...).
+struct UniqueOperationIds;
+
+impl Modify for UniqueOperationIds {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        for item in openapi.paths.paths.values_mut() {
+            let operations = [
+                ("Get", &mut item.get),
+                ("Put", &mut item.put),
+                ("Post", &mut item.post),
+                ("Delete", &mut item.delete),
+                ("Options", &mut item.options),
+                ("Head", &mut item.head),
+                ("Patch", &mut item.patch),
+                ("Trace", &mut item.trace),
+            ];
+            let mut present: Vec<(&str, &mut utoipa::openapi::path::Operation)> =
+                operations.into_iter().filter_map(|(method, op)| op.as_mut().map(|op| (method, op))).collect();
+            for i in 0..present.len() {
+                let id = present[i].1.operation_id.clone();
+                let shared = id.is_some() && present.iter().filter(|(_, op)| op.operation_id == id).count() > 1;
+                if shared && let Some(id) = id {
+                    // Rename every holder of this id at once, so later ones no longer count as shared.
+                    for (method, op) in present.iter_mut().skip(i) {
+                        if op.operation_id.as_deref() == Some(id.as_str()) {
+                            op.operation_id = Some(format!("{id}{method}"));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 struct BearerScheme;
 
 impl Modify for BearerScheme {
@@ -443,7 +479,7 @@ impl Modify for BearerScheme {
     ),
     paths(kubernetes_api_proxy),
     components(schemas(Problem)),
-    modifiers(&BearerScheme),
+    modifiers(&BearerScheme, &UniqueOperationIds),
     tags(
         (name = "agents", description = "Agent connections and agent calls"),
         (name = "kubernetes", description = "The agent's Kubernetes API, proxied"),

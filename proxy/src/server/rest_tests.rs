@@ -266,8 +266,15 @@ async fn openapi_and_swagger_ui_are_public() {
         assert!(get["responses"]["400"]["content"][PROBLEM_JSON].is_object(), "{path}");
     }
     let k8s = &spec["paths"]["/api/v1/agents/{agent_id}/kubernetes/{path}"];
-    for m in ["get", "post", "put", "patch", "delete"] {
-        assert_eq!(k8s[m]["operationId"], "kubernetesApiProxy", "{m}");
+    // One handler for five methods, but OpenAPI operation ids must be unique.
+    for (m, id) in [
+        ("get", "kubernetesApiProxyGet"),
+        ("post", "kubernetesApiProxyPost"),
+        ("put", "kubernetesApiProxyPut"),
+        ("patch", "kubernetesApiProxyPatch"),
+        ("delete", "kubernetesApiProxyDelete"),
+    ] {
+        assert_eq!(k8s[m]["operationId"], id, "{m}");
     }
 
     let resp = f.app.clone().oneshot(Request::get("/swagger-ui/").body(Body::empty()).unwrap()).await.unwrap();
