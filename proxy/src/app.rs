@@ -95,6 +95,21 @@ struct ListenerTls {
     observability: Option<tokio_rustls::TlsAcceptor>,
 }
 
+impl ListenerTls {
+    /// The listeners that serve TLS, for the startup log line ("none" when all are plaintext).
+    fn listeners(&self) -> String {
+        let on = [
+            ("agent", self.agent.is_some()),
+            ("api", self.api.is_some()),
+            ("internal", self.internal.is_some()),
+            ("rest", self.rest.is_some()),
+            ("observability", self.observability.is_some()),
+        ];
+        let names: Vec<&str> = on.iter().filter(|(_, tls)| *tls).map(|(name, _)| *name).collect();
+        if names.is_empty() { "none".to_owned() } else { names.join(",") }
+    }
+}
+
 fn load_tls(listener: &'static str, config: &ListenerConfig) -> Result<Option<ServerTlsConfig>, AppError> {
     let Some(tls) = &config.tls else { return Ok(None) };
     let read = |p: &std::path::Path| {
@@ -323,6 +338,7 @@ impl Bound {
             tunnels_handle,
             tls,
         } = self;
+        let tls_listeners = tls.listeners();
         // Stops the tunnel registry and maintenance after the external listeners drained.
         let background = CancellationToken::new();
         let tunnels = TunnelRegistry::spawn(background.clone());
@@ -416,6 +432,7 @@ impl Bound {
             internal = %addresses.internal,
             rest = %addresses.rest,
             observability = %addresses.observability,
+            tls = %tls_listeners,
             kas = %registry.instance().instance_id,
             version = crate::VERSION,
             "kas listening"

@@ -246,6 +246,8 @@ pub struct KasProcess {
     pub dev_dir: PathBuf,
     /// The non-JSON text kas printed before it started listening (the standalone instructions).
     pub instructions: String,
+    /// The "kas listening" line's `tls` field: the listeners serving TLS, or "none".
+    pub tls_listeners: String,
 }
 
 impl KasProcess {
@@ -296,7 +298,8 @@ pub async fn start_kas_standalone(work_dir: &Path) -> KasProcess {
         let lines = process.lines.lock().unwrap();
         lines.iter().filter(|l| serde_json::from_str::<Value>(l).is_err()).cloned().collect::<Vec<_>>().join("\n")
     };
-    KasProcess { process, addresses, dev_dir, instructions }
+    let tls_listeners = listening["fields"]["tls"].as_str().unwrap_or_default().to_owned();
+    KasProcess { process, addresses, dev_dir, instructions, tls_listeners }
 }
 
 /// `kas` started from a config file.

@@ -75,6 +75,7 @@ async fn python_client_gets_pods_through_real_kas_and_agentk_processes() {
     let kas_dir = tmp.path().join("kas");
     std::fs::create_dir(&kas_dir).unwrap();
     let kas = process::start_kas_standalone(&kas_dir).await;
+    assert_eq!(kas.tls_listeners, "none", "the listening line says which listeners serve TLS");
 
     // agentk, as a process, with the dev agent's token (agent id 1, project 1).
     let mut agentk = process::start_agentk(
