@@ -44,8 +44,9 @@ fn find_helm() -> Option<PathBuf> {
     std::env::split_paths(&std::env::var_os("PATH")?).map(|dir| dir.join("helm")).find(|p| p.is_file())
 }
 
+/// The same rule as `kas_e2e::in_ci` (this crate cannot depend on the e2e crate).
 fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "0" && !v.eq_ignore_ascii_case("false"))
 }
 
 /// helm, or `None` after printing why the test is skipped (never under `CI=true`).

@@ -37,6 +37,24 @@ macro_rules! eventually {
     }};
 }
 
+/// Whether this is CI (`CI` set to anything but empty, `0` or `false`): there a missing tool fails
+/// the test instead of skipping it.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "0" && !v.eq_ignore_ascii_case("false"))
+}
+
+/// A test cannot run because a tool is missing: in CI this panics (a failure); elsewhere it
+/// prints a visible `SKIPPED` with the install hint. Written straight to the process's stderr:
+/// libtest captures `eprintln!` of passing tests, and a skip must be seen.
+pub fn missing_tool(test: &str, problem: &str) {
+    assert!(!in_ci(), "{test}: {problem} (CI is set, so this fails)");
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
+        "\n==========\nSKIPPED: {test}: {problem}\n(set CI=true to make this a failure)\n==========\n"
+    );
+}
+
 /// Logs for tests (set `TEST_LOG=debug` to see them).
 pub fn init_test_logging() {
     let filter = std::env::var("TEST_LOG").unwrap_or_else(|_| "off".into());
