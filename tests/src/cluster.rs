@@ -392,6 +392,25 @@ impl Cluster {
         AgentkHandle { status, shutdown, task: Some(task) }
     }
 
+    /// Starts agentk (ready) in front of its own fake API server holding one pod named after the
+    /// replica (`pod_name` in namespace `default`), so answers show which replica served them.
+    pub async fn start_agentk_with_own_cluster(
+        &self,
+        agent_id: i64,
+        kas: usize,
+        pod_name: &str,
+    ) -> (AgentkHandle, FakeKube) {
+        let kube = FakeKube::start().await;
+        kube.add_pod("default", pod_name);
+        let kubeconfig = self.dir.path().join(format!("kubeconfig-{pod_name}"));
+        std::fs::write(&kubeconfig, kube.kubeconfig()).expect("write kubeconfig");
+        let mut config = self.agentk_config(agent_id, kas, pod_name);
+        config.kube = agentk::KubeSource::Kubeconfig(kubeconfig);
+        let a = self.start_agentk_with(config).await;
+        a.ready().await;
+        (a, kube)
+    }
+
     /// Starts agentk for `agent_id` against kas number `kas` and waits until it is ready.
     pub async fn start_agentk(&self, agent_id: i64, kas: usize, pod_name: &str) -> AgentkHandle {
         let a = self.start_agentk_with(self.agentk_config(agent_id, kas, pod_name)).await;

@@ -43,8 +43,9 @@ async fn get_pods_end_to_end() {
 #[tokio::test]
 async fn connected_agents_by_id_and_project_with_two_replicas() {
     let c = Cluster::builder().agents(&[(1, 10), (2, 10), (3, 11)]).start().await;
-    let a0 = c.start_agentk(1, 0, "agentk-0").await;
-    let a1 = c.start_agentk(1, 0, "agentk-1").await;
+    // Each replica has its own API server, so an answer shows which replica served it.
+    let (a0, _kube0) = c.start_agentk_with_own_cluster(1, 0, "agentk-0").await;
+    let (a1, _kube1) = c.start_agentk_with_own_cluster(1, 0, "agentk-1").await;
     let _other = c.start_agentk(2, 0, "agentk-x").await;
     let mut api = c.api(0);
 
@@ -88,9 +89,9 @@ async fn connected_agents_by_id_and_project_with_two_replicas() {
     assert!(other_project.is_empty());
 
     // Both replicas serve requests; naming a connection reaches that replica.
-    for conn in expected {
-        let resp = api.get_pods(GetPodsRequest { agent_id: 1, connection_id: conn }).await;
-        assert!(resp.is_ok(), "{resp:?}");
+    for (replica, conn) in [("agentk-0", a0.connection_id().unwrap()), ("agentk-1", a1.connection_id().unwrap())] {
+        let pods = api.get_pods(GetPodsRequest { agent_id: 1, connection_id: conn }).await.unwrap().into_inner().pods;
+        assert_eq!(pods, self::pods(&[("default", replica)]), "connection {conn} must reach {replica}");
     }
 }
 

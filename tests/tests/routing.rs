@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use kas_e2e::process::start_kas_with_config;
-use kas_e2e::{Cluster, FakeKube, authorized, eventually};
+use kas_e2e::{Cluster, authorized, eventually};
 use kas_proto::kas::{ConnectedAgentsByIdRequest, GetPodsRequest};
 use kas_proto::tunnel::pb::agent_tunnel_client::AgentTunnelClient;
 use kas_proto::tunnel::pb::{self, ConfigurationRequest, ConnectRequest, connect_response};
@@ -64,18 +64,9 @@ async fn a_waiting_request_is_served_when_the_agent_connects_to_another_kas() {
 #[tokio::test]
 async fn an_agent_with_replicas_on_two_kas_is_listed_with_both_and_each_is_reachable() {
     let c = Cluster::builder().redis().kas(3).start().await;
-    c.kube.add_pod("default", "from-replica-a");
-    // Replica B talks to another (fake) API server, so its answers are recognisable.
-    let other_kube = FakeKube::start().await;
-    other_kube.add_pod("default", "from-replica-b");
-    let other_kubeconfig = c.dir.path().join("kubeconfig-b");
-    std::fs::write(&other_kubeconfig, other_kube.kubeconfig()).unwrap();
-
-    let a = c.start_agentk(1, 0, "replica-a").await;
-    let mut config_b = c.agentk_config(1, 1, "replica-b");
-    config_b.kube = agentk::KubeSource::Kubeconfig(other_kubeconfig);
-    let b = c.start_agentk_with(config_b).await;
-    b.ready().await;
+    // Each replica talks to its own (fake) API server, so its answers are recognisable.
+    let (a, _kube_a) = c.start_agentk_with_own_cluster(1, 0, "replica-a").await;
+    let (b, _kube_b) = c.start_agentk_with_own_cluster(1, 1, "replica-b").await;
 
     let agents = c.connections(2, 1).await;
     assert_eq!(agents.len(), 2, "{agents:?}");
@@ -92,12 +83,12 @@ async fn an_agent_with_replicas_on_two_kas_is_listed_with_both_and_each_is_reach
 
     // From kas 2 (neither), each named connection reaches its replica.
     let pods_a = c.api(2).get_pods(get_pods(1, a.connection_id().unwrap())).await.unwrap().into_inner().pods;
-    assert_eq!(pods_a[0].name, "from-replica-a");
+    assert_eq!(pods_a[0].name, "replica-a");
     let pods_b = c.api(2).get_pods(get_pods(1, b.connection_id().unwrap())).await.unwrap().into_inner().pods;
-    assert_eq!(pods_b[0].name, "from-replica-b");
+    assert_eq!(pods_b[0].name, "replica-b");
     // From kas 0, replica B is reached through kas 1 even though replica A is local.
     let pods_b = c.api(0).get_pods(get_pods(1, b.connection_id().unwrap())).await.unwrap().into_inner().pods;
-    assert_eq!(pods_b[0].name, "from-replica-b");
+    assert_eq!(pods_b[0].name, "replica-b");
 
     // Requests for "any replica" from a kas holding neither spread over both replicas.
     let mut seen = std::collections::HashSet::new();
