@@ -64,7 +64,8 @@ async fn a_request_is_correlated_across_hops_and_no_secret_is_logged() {
     let resp =
         reqwest::Client::new().get(&url).bearer_auth(&jwt).header("x-request-id", "corr-rest-43").send().await.unwrap();
     assert_eq!(resp.status(), 200);
-    let _ = resp.bytes().await;
+    let pod: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(pod["metadata"]["name"], "p", "{pod}");
     // A request without an id still gets one, logged at every hop.
     c.api(0).get_pods(GetPodsRequest { agent_id: 1, connection_id: 0 }).await.unwrap();
 

@@ -165,5 +165,6 @@ async fn standalone_agent_configuration_from_a_repository_sets_agentk_log_level(
     assert_eq!(applied["fields"]["level"], "debug", "{applied}");
     // agentk started with --log info; debug lines now appear.
     agentk.wait_for_log("a DEBUG line", |v| v["level"] == "DEBUG").await;
-    agentk.terminate().await;
+    let status = agentk.terminate().await;
+    assert!(status.success(), "agentk did not stop cleanly on SIGTERM: {status}");
 }

@@ -30,7 +30,13 @@ impl Rest {
 async fn split(resp: reqwest::Response) -> (StatusCode, reqwest::header::HeaderMap, Value) {
     let status = resp.status();
     let headers = resp.headers().clone();
-    let body = resp.json::<Value>().await.unwrap_or(Value::Null);
+    // An empty body is Null; anything else must be JSON.
+    let bytes = resp.bytes().await.unwrap();
+    let body = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&bytes)))
+    };
     (status, headers, body)
 }
 
