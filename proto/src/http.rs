@@ -171,7 +171,11 @@ mod proptests {
     fn name() -> impl Strategy<Value = String> {
         prop_oneof![
             proptest::sample::select(
-                HOP_BY_HOP.iter().copied().chain(["accept", "x-private", "Connection", "UPGRADE", "Keep-Alive"]).collect::<Vec<_>>()
+                HOP_BY_HOP
+                    .iter()
+                    .copied()
+                    .chain(["accept", "x-private", "Connection", "UPGRADE", "Keep-Alive"])
+                    .collect::<Vec<_>>()
             )
             .prop_map(str::to_owned),
             "[a-zA-Z0-9!#$%&'*+.^_`|~-]{1,12}",

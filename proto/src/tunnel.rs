@@ -393,7 +393,10 @@ mod proptests {
             match f {
                 Q::RequestInfo => {
                     if self.request_info {
-                        return Err(("RequestInfo", if self.close_send { "after CloseSend" } else { "after RequestInfo" }));
+                        return Err((
+                            "RequestInfo",
+                            if self.close_send { "after CloseSend" } else { "after RequestInfo" },
+                        ));
                     }
                     if !self.descriptor {
                         return Err(("RequestInfo", "before the Descriptor"));

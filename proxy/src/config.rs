@@ -939,9 +939,8 @@ mod proptests {
         scalar.prop_recursive(2, 8, 3, |inner| {
             prop_oneof![
                 proptest::collection::vec(inner.clone(), 0..3).prop_map(Value::Sequence),
-                proptest::collection::vec(("[a-z_]{1,10}", inner), 0..3).prop_map(|kv| {
-                    Value::Mapping(kv.into_iter().map(|(k, v)| (Value::String(k), v)).collect())
-                }),
+                proptest::collection::vec(("[a-z_]{1,10}", inner), 0..3)
+                    .prop_map(|kv| { Value::Mapping(kv.into_iter().map(|(k, v)| (Value::String(k), v)).collect()) }),
             ]
         })
     }

@@ -291,24 +291,49 @@ mod proptests {
     use super::*;
 
     fn agent() -> impl Strategy<Value = String> {
-        let id = prop_oneof![Just("1".to_owned()), Just("0".to_owned()), Just("-1".to_owned()), Just("+2".to_owned()), any::<i64>().prop_map(|v| v.to_string()), "[a-z0-9.]{0,4}"];
+        let id = prop_oneof![
+            Just("1".to_owned()),
+            Just("0".to_owned()),
+            Just("-1".to_owned()),
+            Just("+2".to_owned()),
+            any::<i64>().prop_map(|v| v.to_string()),
+            "[a-z0-9.]{0,4}"
+        ];
         let hash = prop_oneof!["[0-9a-f]{64}", "[0-9A-F]{64}", "[0-9a-z]{60,66}", Just(String::new())];
-        let repo = prop_oneof![Just(None), Just(Some("/srv/a.git".to_owned())), Just(Some("https://u:p@h/a.git".to_owned())), "[a-z:/.]{0,12}".prop_map(Some)];
-        let branch = prop_oneof![Just(None), Just(Some("main".to_owned())), Just(Some("refs/heads/x".to_owned())), "[a-z./~^: -]{0,8}".prop_map(Some)];
-        let configuration = prop_oneof![Just(None), Just(Some("{}")), Just(Some("{kubernetes_api: {read_only: true}}")), Just(Some("{nope: 1}"))];
-        (id.clone(), "[a-z ]{0,6}", id, hash, repo, branch, configuration).prop_map(|(id, name, project, hash, repo, branch, configuration)| {
-            let mut s = format!("- id: {id}\n  name: \"{name}\"\n  project_id: {project}\n  token_sha256: \"{hash}\"\n");
-            if let Some(r) = repo {
-                s.push_str(&format!("  configuration_repository: \"{r}\"\n"));
-            }
-            if let Some(b) = branch {
-                s.push_str(&format!("  configuration_branch: \"{b}\"\n"));
-            }
-            if let Some(c) = configuration {
-                s.push_str(&format!("  configuration: {c}\n"));
-            }
-            s
-        })
+        let repo = prop_oneof![
+            Just(None),
+            Just(Some("/srv/a.git".to_owned())),
+            Just(Some("https://u:p@h/a.git".to_owned())),
+            "[a-z:/.]{0,12}".prop_map(Some)
+        ];
+        let branch = prop_oneof![
+            Just(None),
+            Just(Some("main".to_owned())),
+            Just(Some("refs/heads/x".to_owned())),
+            "[a-z./~^: -]{0,8}".prop_map(Some)
+        ];
+        let configuration = prop_oneof![
+            Just(None),
+            Just(Some("{}")),
+            Just(Some("{kubernetes_api: {read_only: true}}")),
+            Just(Some("{nope: 1}"))
+        ];
+        (id.clone(), "[a-z ]{0,6}", id, hash, repo, branch, configuration).prop_map(
+            |(id, name, project, hash, repo, branch, configuration)| {
+                let mut s =
+                    format!("- id: {id}\n  name: \"{name}\"\n  project_id: {project}\n  token_sha256: \"{hash}\"\n");
+                if let Some(r) = repo {
+                    s.push_str(&format!("  configuration_repository: \"{r}\"\n"));
+                }
+                if let Some(b) = branch {
+                    s.push_str(&format!("  configuration_branch: \"{b}\"\n"));
+                }
+                if let Some(c) = configuration {
+                    s.push_str(&format!("  configuration: {c}\n"));
+                }
+                s
+            },
+        )
     }
 
     proptest! {

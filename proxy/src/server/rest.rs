@@ -649,9 +649,10 @@ mod proptests {
             let params = HashMap::from([("agent_id".to_owned(), raw.clone())]);
             let proxy = crate::modules::kubernetes_api::rest::agent_id_param(&params).ok();
             let json = parse_id("agent_id", &raw, 1).ok();
-            if raw.starts_with('+') {
+            if let Some(unsigned) = raw.strip_prefix('+') {
                 prop_assert_eq!(json, None);
-                prop_assert_eq!(proxy, raw[1..].parse::<i64>().ok().filter(|v| *v > 0).filter(|_| !raw[1..].starts_with(['+', '-'])));
+                let expected = unsigned.parse::<i64>().ok().filter(|v| *v > 0 && !unsigned.starts_with(['+', '-']));
+                prop_assert_eq!(proxy, expected);
             } else {
                 prop_assert_eq!(proxy, json, "{:?}", raw);
             }

@@ -453,7 +453,11 @@ mod proptests {
             "[ -~]{0,20}".prop_map(Bytes::from),
             proptest::collection::vec(any::<u8>(), 0..8).prop_map(Bytes::from),
         ];
-        proptest::collection::hash_map(name, proptest::collection::vec(value, 0..3).prop_map(|values| HeaderValues { values }), 0..8)
+        proptest::collection::hash_map(
+            name,
+            proptest::collection::vec(value, 0..3).prop_map(|values| HeaderValues { values }),
+            0..8,
+        )
     }
 
     proptest! {

@@ -387,7 +387,8 @@ mod proptests {
             Just(Value::Null),
             any::<bool>().prop_map(Value::Bool),
             any::<i64>().prop_map(|v| Value::Number(v.into())),
-            prop_oneof![Just("info"), Just("agentk=debug"), Just("[{"), Just(""), Just("yes")].prop_map(|s| Value::String(s.into())),
+            prop_oneof![Just("info"), Just("agentk=debug"), Just("[{"), Just(""), Just("yes")]
+                .prop_map(|s| Value::String(s.into())),
             ".{0,16}".prop_map(Value::String),
         ]
     }
@@ -406,17 +407,22 @@ mod proptests {
         ]);
         let leaf = scalar();
         leaf.prop_recursive(3, 12, 3, move |inner| {
-            proptest::collection::vec((key.clone(), inner), 0..3).prop_map(|kv| {
-                Value::Mapping(kv.into_iter().map(|(k, v)| (Value::String(k.to_owned()), v)).collect())
-            })
+            proptest::collection::vec((key.clone(), inner), 0..3)
+                .prop_map(|kv| Value::Mapping(kv.into_iter().map(|(k, v)| (Value::String(k.to_owned()), v)).collect()))
         })
     }
 
     fn gitaly() -> impl Strategy<Value = GitalyRepository> {
-        let part = prop_oneof![Just("..".to_owned()), Just("a/../b".to_owned()), Just(String::new()), "[a-z?#/.@:-]{0,12}"];
-        (part.clone(), part.clone(), part.clone(), part).prop_map(|(storage_name, relative_path, gl_repository, gl_project_path)| {
-            GitalyRepository { storage_name, relative_path, gl_repository, gl_project_path }
-        })
+        let part =
+            prop_oneof![Just("..".to_owned()), Just("a/../b".to_owned()), Just(String::new()), "[a-z?#/.@:-]{0,12}"];
+        (part.clone(), part.clone(), part.clone(), part).prop_map(
+            |(storage_name, relative_path, gl_repository, gl_project_path)| GitalyRepository {
+                storage_name,
+                relative_path,
+                gl_repository,
+                gl_project_path,
+            },
+        )
     }
 
     proptest! {
