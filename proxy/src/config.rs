@@ -945,6 +945,76 @@ mod proptests {
         })
     }
 
+    /// The example's value at `path`, if any.
+    fn get<'a>(root: &'a Value, path: &str) -> Option<&'a Value> {
+        path.split('.').try_fold(root, |node, k| node.get(k))
+    }
+
+    /// A value of the key's own type (edge cases included) most of the time, so that most cases
+    /// get past the parser and exercise validate(); a value of any shape otherwise.
+    fn typed_value(existing: Option<&Value>) -> BoxedStrategy<Value> {
+        let string = |s: BoxedStrategy<String>| s.prop_map(Value::String).boxed();
+        let typed = match existing {
+            Some(Value::Number(_)) => prop_oneof![
+                3 => (0u64..3).prop_map(|v| Value::Number(v.into())),
+                3 => any::<u32>().prop_map(|v| Value::Number(v.into())),
+                1 => any::<u64>().prop_map(|v| Value::Number(v.into())),
+                1 => (i64::MIN..0).prop_map(|v| Value::Number(v.into())),
+            ]
+            .boxed(),
+            Some(Value::String(s)) if humantime::parse_duration(s).is_ok() => string(
+                prop_oneof![
+                    Just("0s".to_owned()),
+                    Just("300000000000y".to_owned()),
+                    Just("100years".to_owned()),
+                    "[0-9]{1,6}(ns|ms|s|m|h|d|y)",
+                    any::<u64>().prop_map(|v| humantime::format_duration(Duration::from_secs(v)).to_string()),
+                ]
+                .boxed(),
+            ),
+            Some(Value::String(s)) if s.parse::<SocketAddr>().is_ok() => string(
+                prop_oneof![
+                    Just("0.0.0.0:0".to_owned()),
+                    Just("[::1]:8154".to_owned()),
+                    "127\\.0\\.0\\.1:[0-9]{1,6}",
+                    "[0-9a-z.:\\[\\]]{0,16}",
+                ]
+                .boxed(),
+            ),
+            Some(Value::Sequence(_)) => proptest::collection::vec(
+                prop_oneof![Just("*".to_owned()), "https?://[a-z.]{1,10}(:[0-9]{1,5})?/?", ".{0,12}"]
+                    .prop_map(Value::String),
+                0..3,
+            )
+            .prop_map(Value::Sequence)
+            .boxed(),
+            Some(Value::String(_)) => string(
+                prop_oneof![
+                    Just("{gitlab}/{project_path}.git".to_owned()),
+                    Just(String::new()),
+                    "[{}a-z_/.]{0,20}",
+                    ".{0,20}"
+                ]
+                .boxed(),
+            ),
+            _ => value().boxed(),
+        };
+        prop_oneof![6 => typed, 1 => value()].boxed()
+    }
+
+    fn pick() -> impl Strategy<Value = (String, Value)> {
+        let example = example();
+        let keys = known_paths();
+        let leaves: Vec<String> =
+            keys.iter().filter(|k| !matches!(get(&example, k), Some(Value::Mapping(_)))).cloned().collect();
+        prop_oneof![4 => proptest::sample::select(leaves), 1 => proptest::sample::select(keys)].prop_flat_map(
+            move |key| {
+                let v = typed_value(get(&example, &key));
+                (Just(key), v)
+            },
+        )
+    }
+
     fn set(root: &mut Value, path: &str, v: Value) {
         let mut node = root;
         let mut keys = path.split('.').peekable();
@@ -1027,12 +1097,12 @@ mod proptests {
         /// invariants hold, and that kas can use without arithmetic overflow.
         #[test]
         fn arbitrary_values_for_known_keys(
-            picks in proptest::collection::vec((any::<proptest::sample::Index>(), value()), 1..4),
+            picks in proptest::collection::vec(pick(), 1..4),
         ) {
             let keys = known_paths();
             let mut doc = example();
-            for (i, v) in picks {
-                set(&mut doc, i.get::<String>(&keys).as_str(), v);
+            for (key, v) in picks {
+                set(&mut doc, &key, v);
             }
             let text = serde_norway::to_string(&doc).unwrap();
             let config = match Config::parse(&text) {
