@@ -338,3 +338,64 @@ impl App {
         result
     }
 }
+
+#[cfg(test)]
+mod proptests {
+    use clap::Parser;
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::config::{Args, ConfigError};
+
+    fn address() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "(grpcs?|https?|tcp)://[a-z0-9.:\\[\\]@/-]{0,16}",
+            "grpc://127\\.0\\.0\\.1:[0-9]{1,6}",
+            "grpcs://[a-z]{1,8}(:[0-9]{1,5})?",
+            "[ -~]{0,20}",
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Arbitrary flag values: refused by clap or by validate() with the documented message,
+        /// or a configuration whose every kas address makes an endpoint or a clear error at
+        /// startup; never a panic.
+        #[test]
+        fn arbitrary_flags(
+            addresses in proptest::collection::vec(address(), 0..3),
+            separator in prop_oneof![Just(","), Just(", "), Just(",,")],
+            min in prop_oneof![Just("0".to_owned()), Just("2".to_owned()), "[0-9-]{0,21}"],
+            max in prop_oneof![Just("500".to_owned()), Just("1".to_owned()), "[0-9-]{0,21}"],
+            grace in prop_oneof![Just("20s".to_owned()), Just("300000000000y".to_owned()), "[0-9a-z ]{0,8}"],
+            observability in prop_oneof![Just("0.0.0.0:8080".to_owned()), "[0-9.:\\[\\]a-z]{0,16}"],
+        ) {
+            let kas_address = addresses.join(separator);
+            let args = [
+                "agentk", "--kas-address", &kas_address, "--token-file", "/t",
+                "--min-idle-tunnels", &min, "--max-tunnels", &max,
+                "--grace-period", &grace, "--observability-address", &observability,
+            ];
+            let Ok(args) = Args::try_parse_from(args) else { return Ok(()) };
+            match AgentConfig::from_args(&args) {
+                Ok(config) => {
+                    prop_assert!(config.min_idle_tunnels >= 1 && config.min_idle_tunnels <= config.max_tunnels);
+                    let addresses = config.kas_addresses();
+                    prop_assert!(!addresses.is_empty());
+                    for a in addresses {
+                        prop_assert!(a.starts_with("grpc://") || a.starts_with("grpcs://"));
+                        if let Err(e) = endpoint(&config, a) {
+                            prop_assert!(matches!(e, AgentError::KasAddress { .. }), "{e}");
+                        }
+                    }
+                }
+                Err(ConfigError::KasAddress(a)) => prop_assert!(
+                    !(a.starts_with("grpc://") || a.starts_with("grpcs://")),
+                    "{a:?} refused"
+                ),
+                Err(ConfigError::Pool { min, max }) => prop_assert!(min == 0 || min > max),
+            }
+        }
+    }
+}

@@ -53,8 +53,13 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
         }
         headers.remove(*name);
     }
-    if keep_upgrade && headers.contains_key(UPGRADE) {
-        headers.insert(CONNECTION, HeaderValue::from_static("Upgrade"));
+    if keep_upgrade {
+        if headers.contains_key(UPGRADE) {
+            headers.insert(CONNECTION, HeaderValue::from_static("Upgrade"));
+        } else {
+            // Nothing to switch to (e.g. a 101 without `Upgrade`): `Connection` is hop-by-hop.
+            headers.remove(CONNECTION);
+        }
     }
 }
 
@@ -130,6 +135,18 @@ mod tests {
         assert!(!is_upgrade(&plain), "Upgrade without Connection: Upgrade is not an upgrade");
     }
 
+    /// Found by `proptests::no_hop_by_hop_header_survives`: with `keep_upgrade` but no `Upgrade`
+    /// header, `Connection` (any tokens, e.g. `close`) used to pass through unchanged.
+    #[test]
+    fn connection_without_upgrade_is_stripped_even_when_keeping_upgrades() {
+        let mut h = HeaderMap::new();
+        h.insert("connection", "close".parse().unwrap());
+        h.insert("accept", "*/*".parse().unwrap());
+        strip_hop_by_hop(&mut h, true);
+        assert!(!h.contains_key("connection"), "{h:?}");
+        assert_eq!(h.len(), 1);
+    }
+
     #[test]
     fn header_round_trip_keeps_repeated_values_and_skips_invalid() {
         let mut h = HeaderMap::new();
@@ -140,5 +157,130 @@ mod tests {
         p.insert("bad name".into(), HeaderValues { values: vec![Bytes::from_static(b"x")] });
         p.insert("x-bad-value".into(), HeaderValues { values: vec![Bytes::from_static(b"a\nb")] });
         assert_eq!(headers_from_proto(&p), h);
+    }
+}
+
+#[cfg(test)]
+mod proptests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Header names: mostly plausible tokens (including the hop-by-hop ones and mixed case),
+    /// sometimes anything at all.
+    fn name() -> impl Strategy<Value = String> {
+        prop_oneof![
+            proptest::sample::select(
+                HOP_BY_HOP
+                    .iter()
+                    .copied()
+                    .chain(["accept", "x-private", "Connection", "UPGRADE", "Keep-Alive"])
+                    .collect::<Vec<_>>()
+            )
+            .prop_map(str::to_owned),
+            "[a-zA-Z0-9!#$%&'*+.^_`|~-]{1,12}",
+            ".{0,12}",
+        ]
+    }
+
+    /// Header values: token lists as found in `Connection`, or arbitrary bytes.
+    fn value() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            proptest::collection::vec(name(), 0..4).prop_map(|v| v.join(", ").into_bytes()),
+            proptest::collection::vec(any::<u8>(), 0..16),
+        ]
+    }
+
+    fn proto_headers() -> impl Strategy<Value = HashMap<String, HeaderValues>> {
+        proptest::collection::hash_map(
+            name(),
+            proptest::collection::vec(value().prop_map(Bytes::from), 0..3).prop_map(|values| HeaderValues { values }),
+            0..8,
+        )
+    }
+
+    fn valid(name: &str, value: &[u8]) -> bool {
+        HeaderName::from_bytes(name.as_bytes()).is_ok() && HeaderValue::from_bytes(value).is_ok()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Arbitrary bytes as an HTTP frame (what a peer puts in a tunnel Message): never a panic.
+        #[test]
+        fn arbitrary_bytes_as_http_frames(data in proptest::collection::vec(any::<u8>(), 0..256)) {
+            if let Ok(frame) = HttpFrame::decode(data.as_slice()) {
+                // Whatever decoded encodes again to something that decodes to the same frame.
+                prop_assert_eq!(HttpFrame::decode(frame.to_bytes()).ok(), Some(frame));
+            }
+        }
+
+        /// Request and response heads with arbitrary methods, paths, statuses and headers survive
+        /// the frame encoding unchanged.
+        #[test]
+        fn heads_round_trip(method in ".{0,10}", path in ".{0,40}", status in any::<u32>(), headers in proto_headers()) {
+            let request = HttpFrame::request_head(HttpRequestHead { method, path, headers: headers.clone() });
+            prop_assert_eq!(HttpFrame::decode(request.to_bytes()).ok(), Some(request));
+            let response = HttpFrame::response_head(HttpResponseHead { status, headers });
+            prop_assert_eq!(HttpFrame::decode(response.to_bytes()).ok(), Some(response));
+        }
+
+        /// Peer headers: invalid names and values are skipped (documented), valid ones all kept
+        /// (names lowercased), and converting back is lossless.
+        #[test]
+        fn headers_from_proto_keeps_exactly_the_valid_headers(headers in proto_headers()) {
+            let map = headers_from_proto(&headers);
+            let mut expected = 0;
+            for (name, values) in &headers {
+                let kept: Vec<&Bytes> = values.values.iter().filter(|v| valid(name, v)).collect();
+                expected += kept.len();
+                if let Ok(n) = HeaderName::from_bytes(name.as_bytes()) {
+                    let got: Vec<&[u8]> = map.get_all(&n).iter().map(HeaderValue::as_bytes).collect();
+                    // Names differing only in case land on the same header; each keeps its values.
+                    for v in kept {
+                        prop_assert!(got.contains(&v.as_ref()), "{name:?}: {v:?} missing from {got:?}");
+                    }
+                }
+            }
+            prop_assert_eq!(map.len(), expected);
+            prop_assert_eq!(headers_from_proto(&headers_to_proto(&map)), map);
+        }
+
+        /// After stripping, no hop-by-hop header is left, nor any the Connection header named;
+        /// an upgrade keeps exactly `Upgrade` and `Connection: Upgrade`.
+        #[test]
+        fn no_hop_by_hop_header_survives(headers in proto_headers(), keep_upgrade in any::<bool>()) {
+            let mut map = headers_from_proto(&headers);
+            let named: Vec<HeaderName> = map
+                .get_all(CONNECTION)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .flat_map(|v| v.split(','))
+                .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+                .collect();
+            let upgrade_before = map.get_all(UPGRADE).iter().cloned().collect::<Vec<_>>();
+            let _ = is_upgrade(&map);
+            strip_hop_by_hop(&mut map, keep_upgrade);
+            for name in HOP_BY_HOP {
+                if keep_upgrade && (*name == "connection" || *name == "upgrade") {
+                    continue;
+                }
+                prop_assert!(!map.contains_key(*name), "{name} survived: {map:?}");
+            }
+            for name in named {
+                if !(keep_upgrade && (name == UPGRADE || name == CONNECTION)) {
+                    prop_assert!(!map.contains_key(&name), "{name} (named by Connection) survived: {map:?}");
+                }
+            }
+            if keep_upgrade {
+                prop_assert_eq!(map.get_all(UPGRADE).iter().cloned().collect::<Vec<_>>(), upgrade_before.clone());
+                let connection: Vec<HeaderValue> = map.get_all(CONNECTION).iter().cloned().collect();
+                if upgrade_before.is_empty() {
+                    prop_assert!(connection.is_empty(), "Connection without Upgrade survived: {connection:?}");
+                } else {
+                    prop_assert_eq!(connection, vec![HeaderValue::from_static("Upgrade")]);
+                }
+            }
+        }
     }
 }

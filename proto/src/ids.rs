@@ -67,3 +67,23 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod proptests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Every id prints as its decimal value, which parses back to the same id.
+        #[test]
+        fn ids_print_and_parse_back(v in any::<i64>()) {
+            prop_assert_eq!(AgentId(v).to_string().parse::<i64>().map(AgentId), Ok(AgentId(v)));
+            prop_assert_eq!(ConnectionId(v).to_string().parse::<i64>().map(ConnectionId), Ok(ConnectionId(v)));
+            prop_assert_eq!(ProjectId(v).to_string(), v.to_string());
+            prop_assert_eq!(ConnectionId(v).is_any(), v == 0);
+        }
+    }
+}

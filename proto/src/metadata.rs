@@ -85,3 +85,34 @@ mod tests {
         assert_eq!(f["x-request-id"].values, vec!["r1".to_owned()]);
     }
 }
+
+#[cfg(test)]
+mod proptests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Any `authorization` value: never a panic; a token comes back only from a
+        /// `Bearer <token>` value (scheme in any case), trimmed and non-empty.
+        #[test]
+        fn bearer_token_of_arbitrary_values(value in prop_oneof![".{0,24}", "(?i:bearer)[ \t]{0,2}.{0,12}"]) {
+            if let Some(token) = bearer_token(Some(&value)) {
+                prop_assert!(!token.is_empty());
+                prop_assert_eq!(token, token.trim());
+                let v = value.trim();
+                prop_assert!(v.len() > 7 && v[..6].eq_ignore_ascii_case("bearer") && v.as_bytes()[6] == b' ', "{value:?}");
+                prop_assert_eq!(v[7..].trim(), token);
+            }
+        }
+
+        /// A token without whitespace round-trips through `Bearer <token>`.
+        #[test]
+        fn bearer_tokens_round_trip(token in "[!-~]{1,64}", scheme in "(?i:bearer)") {
+            let value = format!("{scheme} {token}");
+            prop_assert_eq!(bearer_token(Some(&value)), Some(token.as_str()));
+        }
+    }
+}

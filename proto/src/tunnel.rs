@@ -346,3 +346,177 @@ mod tests {
         assert_eq!(s.code(), tonic::Code::InvalidArgument);
     }
 }
+
+/// Arbitrary frame sequences against a reference model written from the grammar in the module
+/// documentation (not from the state machine above).
+#[cfg(test)]
+mod proptests {
+    use proptest::prelude::*;
+    use prost::Message;
+
+    use super::RequestFrame as Q;
+    use super::ResponseFrame as R;
+    use super::*;
+
+    #[derive(Clone, Copy, Debug)]
+    enum Event {
+        /// kas -> agentk.
+        Request(Q),
+        /// agentk -> kas.
+        Response(R),
+    }
+
+    fn event() -> impl Strategy<Value = Event> {
+        prop_oneof![
+            prop_oneof![Just(Q::RequestInfo), Just(Q::Message), Just(Q::CloseSend)].prop_map(Event::Request),
+            prop_oneof![Just(R::Descriptor), Just(R::Header), Just(R::Message), Just(R::Trailer), Just(R::Error)]
+                .prop_map(Event::Response),
+        ]
+    }
+
+    /// What has been seen so far, as the grammar talks about it:
+    /// `agentk: Descriptor ... Header Message* (Trailer | Error)` (Error may replace the Header),
+    /// `kas: RequestInfo Message* CloseSend`, RequestInfo only after the Descriptor, the answer
+    /// only after RequestInfo.
+    #[derive(Clone, Copy, Debug, Default)]
+    struct Model {
+        descriptor: bool,
+        request_info: bool,
+        close_send: bool,
+        header: bool,
+        ended: bool,
+    }
+
+    impl Model {
+        /// `Err((frame, state))`: the documented error text parts.
+        fn request(&mut self, f: Q) -> Result<(), (&'static str, &'static str)> {
+            match f {
+                Q::RequestInfo => {
+                    if self.request_info {
+                        return Err((
+                            "RequestInfo",
+                            if self.close_send { "after CloseSend" } else { "after RequestInfo" },
+                        ));
+                    }
+                    if !self.descriptor {
+                        return Err(("RequestInfo", "before the Descriptor"));
+                    }
+                    self.request_info = true;
+                }
+                Q::Message | Q::CloseSend => {
+                    let name = if f == Q::Message { "Message" } else { "CloseSend" };
+                    if !self.request_info {
+                        return Err((name, "before RequestInfo"));
+                    }
+                    if self.close_send {
+                        return Err((name, "after CloseSend"));
+                    }
+                    self.close_send = f == Q::CloseSend;
+                }
+            }
+            Ok(())
+        }
+
+        fn response(&mut self, f: R) -> Result<(), (&'static str, &'static str)> {
+            let state = if !self.descriptor {
+                "before the Descriptor"
+            } else if self.ended {
+                "after the response ended"
+            } else if !self.request_info {
+                "before the request was sent"
+            } else if !self.header {
+                "before the Header"
+            } else {
+                "after the Header"
+            };
+            let ok = match f {
+                R::Descriptor => !self.descriptor,
+                R::Header => self.request_info && !self.header && !self.ended,
+                R::Message => self.header && !self.ended,
+                R::Trailer => self.header && !self.ended,
+                R::Error => self.request_info && !self.ended,
+            };
+            if !ok {
+                return Err((response_name(f), state));
+            }
+            match f {
+                R::Descriptor => self.descriptor = true,
+                R::Header => self.header = true,
+                R::Message => {}
+                R::Trailer | R::Error => self.ended = true,
+            }
+            Ok(())
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Any interleaving of frames: the machine accepts exactly what the grammar accepts,
+        /// refuses the rest with the documented message, and a refused frame changes nothing
+        /// (the tunnel is ended by the caller; the machine itself is not poisoned).
+        #[test]
+        fn frame_order_matches_the_documented_grammar(
+            after_descriptor in any::<bool>(),
+            events in proptest::collection::vec(event(), 0..24),
+        ) {
+            let (mut machine, mut model) = if after_descriptor {
+                (FrameOrder::after_descriptor(), Model { descriptor: true, ..Model::default() })
+            } else {
+                (FrameOrder::new(), Model::default())
+            };
+            for e in events {
+                let before = machine.clone();
+                let (got, want) = match e {
+                    Event::Request(f) => (machine.request(f), model.request(f)),
+                    Event::Response(f) => (machine.response(f), model.response(f)),
+                };
+                match (&got, want) {
+                    (Ok(()), Ok(())) => {}
+                    (Err(err), Err((frame, state))) => {
+                        prop_assert_eq!(err, &FrameOrderError { frame, state });
+                        prop_assert_eq!(
+                            err.to_string(),
+                            format!("tunnel protocol violation: unexpected {frame} frame {state}")
+                        );
+                        let status: tonic::Status = err.clone().into();
+                        prop_assert_eq!(status.code(), tonic::Code::InvalidArgument);
+                        prop_assert_eq!(format!("{:?}", &machine), format!("{:?}", before), "a refused frame changed the state");
+                    }
+                    _ => prop_assert!(false, "{e:?}: machine {got:?}, grammar {want:?} (model {model:?})"),
+                }
+                prop_assert_eq!(machine.is_idle(), model.descriptor && !model.request_info);
+                prop_assert_eq!(machine.is_done(), model.ended);
+            }
+        }
+
+        /// Whatever bytes a peer sends as a tunnel frame: decoding never panics, and a decoded
+        /// frame either has a kind or is refused as empty.
+        #[test]
+        fn arbitrary_bytes_as_tunnel_frames(data in proptest::collection::vec(any::<u8>(), 0..256)) {
+            if let Ok(frame) = pb::ConnectRequest::decode(data.as_slice()) {
+                match frame.kind() {
+                    Ok(_) => prop_assert!(frame.msg.is_some()),
+                    Err(e) => {
+                        prop_assert!(frame.msg.is_none());
+                        prop_assert_eq!(e.frame, "empty");
+                    }
+                }
+            }
+            if let Ok(frame) = pb::ConnectResponse::decode(data.as_slice()) {
+                prop_assert_eq!(frame.kind().is_ok(), frame.msg.is_some());
+            }
+        }
+
+        /// Any status code and message from agentk's Error frame becomes a tonic status
+        /// (unknown codes are `Unknown`), never a panic.
+        #[test]
+        fn arbitrary_error_frames_become_statuses(code in any::<i32>(), message in ".{0,40}") {
+            let status: tonic::Status = pb::Error { code, message: message.clone() }.into();
+            prop_assert_eq!(status.message(), message.as_str());
+            if !(0..=16).contains(&code) {
+                prop_assert_eq!(status.code(), tonic::Code::Unknown);
+            }
+        }
+    }
+}

@@ -31,6 +31,9 @@ pub const DEFAULT_REGISTRY_GC: Duration = Duration::from_secs(300);
 pub const DEFAULT_HEARTBEAT_TTL: Duration = Duration::from_secs(15);
 /// Heartbeat a few times per TTL, so one slow write does not mark a live kas dead.
 pub const DEFAULT_HEARTBEAT_PERIOD: Duration = Duration::from_secs(5);
+/// The longest duration any setting takes: far beyond any sensible value, and small enough
+/// that adding it to the current time or scaling it a little never overflows.
+pub const MAX_DURATION: Duration = Duration::from_secs(100 * 31_557_600); // 100 years of 365.25 days
 /// In-flight requests get this long to finish after SIGTERM (Kubernetes' default grace is 30 s).
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
 
@@ -626,6 +629,16 @@ impl Config {
                 message: "must be greater than zero".into(),
             });
         }
+        // kas adds durations to the current time and scales them (jitter, `poll_period * 3`);
+        // a huge one (`300000000000y` parses) would overflow there and panic.
+        for (key, d) in self.durations() {
+            if d > MAX_DURATION {
+                return Err(ConfigError::Invalid {
+                    key,
+                    message: format!("must be at most {}", humantime::format_duration(MAX_DURATION)),
+                });
+            }
+        }
         let nonzero = [
             ("routing.max_wait", self.routing.max_wait),
             ("gitlab.connect_timeout", self.gitlab.connect_timeout),
@@ -696,6 +709,34 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// Every duration setting, with its key.
+    pub fn durations(&self) -> Vec<(&'static str, Duration)> {
+        let mut out = vec![
+            ("gitlab.connect_timeout", self.gitlab.connect_timeout),
+            ("gitlab.request_timeout", self.gitlab.request_timeout),
+            ("gitlab.agent_info_cache.ttl", self.gitlab.agent_info_cache.ttl),
+            ("gitlab.agent_info_cache.error_ttl", self.gitlab.agent_info_cache.error_ttl),
+            ("gitlab.rate_limit.max_wait", self.gitlab.rate_limit.max_wait),
+            ("agents.configuration_poll_period", self.agents.configuration_poll_period),
+            ("agents.git.connect_timeout", self.agents.git.connect_timeout),
+            ("agents.git.fetch_timeout", self.agents.git.fetch_timeout),
+            ("agents.git.rate_limit.max_wait", self.agents.git.rate_limit.max_wait),
+            ("routing.max_wait", self.routing.max_wait),
+            ("registry.ttl", self.registry.ttl),
+            ("registry.refresh_period", self.registry.refresh_period),
+            ("registry.gc_period", self.registry.gc_period),
+            ("registry.heartbeat_ttl", self.registry.heartbeat_ttl),
+            ("registry.heartbeat_period", self.registry.heartbeat_period),
+            ("shutdown.grace_period", self.shutdown.grace_period),
+            ("rest.request_timeout", self.rest.request_timeout),
+            ("agent_connections.max_age", self.agent_connections.max_age),
+        ];
+        if let Some(redis) = &self.registry.redis {
+            out.push(("registry.redis.response_timeout", redis.response_timeout));
+        }
+        out
     }
 
     /// Every listener on `127.0.0.1:0` (free ports picked by the OS): tests and benchmarks.
@@ -823,5 +864,311 @@ mod tests {
         let mut c = Config::parse(example()).unwrap();
         c.agents.git.fetch_timeout = Duration::ZERO;
         assert!(c.validate().unwrap_err().to_string().contains("agents.git.fetch_timeout"));
+    }
+
+    /// Found by `proptests::arbitrary_durations`: `300000000000y` parses (it fits a u64 of
+    /// seconds) and was accepted, and kas then panicked adding it to the current time or
+    /// scaling it (agent_connections.max_age jitter, registry ttls, shutdown grace, ...).
+    #[test]
+    fn huge_durations_are_refused() {
+        let text = include_str!("../config.example.yaml").replace("max_age: 2h", "max_age: 300000000000y");
+        let c = Config::parse(&text).unwrap();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("agent_connections.max_age: must be at most 100years"), "{e}");
+        let mut c = Config::parse(example()).unwrap();
+        c.shutdown.grace_period = MAX_DURATION;
+        c.validate().unwrap();
+        c.shutdown.grace_period = MAX_DURATION + Duration::from_nanos(1);
+        assert!(c.validate().unwrap_err().to_string().contains("shutdown.grace_period"));
+    }
+}
+
+#[cfg(test)]
+mod proptests {
+    use proptest::prelude::*;
+    use serde_norway::Value;
+
+    use super::*;
+
+    fn example() -> Value {
+        serde_norway::from_str(include_str!("../config.example.yaml")).unwrap()
+    }
+
+    /// Every key path of a YAML mapping, leaves and sections, e.g. `routing.max_wait`.
+    fn paths(v: &Value, prefix: &str, out: &mut Vec<String>) {
+        if let Value::Mapping(m) = v {
+            for (k, v) in m {
+                let Some(k) = k.as_str() else { continue };
+                let path = if prefix.is_empty() { k.to_owned() } else { format!("{prefix}.{k}") };
+                out.push(path.clone());
+                paths(v, &path, out);
+            }
+        }
+    }
+
+    /// Known keys: the example's plus the optional ones it only shows in comments.
+    fn known_paths() -> Vec<String> {
+        let mut out = Vec::new();
+        paths(&example(), "", &mut out);
+        for extra in [
+            "gitlab.address",
+            "gitlab.ca_cert_file",
+            "kas_internal.advertise_ip",
+            "kas_internal.tls",
+            "agents.git.username",
+            "agents.git.password_file",
+            "agents.git.mirror_dir",
+            "registry.redis",
+            "registry.redis.url",
+            "registry.redis.key_prefix",
+            "registry.redis.response_timeout",
+            "listeners.rest.tls",
+            "listeners.rest.tls.certificate_file",
+            "listeners.nope",
+        ] {
+            out.push(extra.to_owned());
+        }
+        out
+    }
+
+    /// Values of every shape, with the edge cases of the key types (zero, huge and malformed
+    /// durations and numbers, addresses, URLs).
+    fn value() -> impl Strategy<Value = Value> {
+        let scalar = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(|v| Value::Number(v.into())),
+            any::<u64>().prop_map(|v| Value::Number(v.into())),
+            (0u64..4).prop_map(|v| Value::Number(v.into())),
+            any::<f64>().prop_map(|v| Value::Number(v.into())),
+            prop_oneof![
+                Just("0s"),
+                Just("1ns"),
+                Just("20s"),
+                Just("300000000000y"),
+                Just("584942417355y"),
+                Just("99999999999999999999999h"),
+                Just("1h 1ns"),
+                Just("-1s"),
+                Just("0.0.0.0:0"),
+                Just("[::1]:8154"),
+                Just("127.0.0.1:99999"),
+                Just("https://gitlab.example.com"),
+                Just("https://gitlab.example.com/"),
+                Just("http://"),
+                Just("*"),
+                Just("{gitlab}/{x}"),
+                Just("{"),
+                Just(""),
+                Just(" "),
+            ]
+            .prop_map(|s| Value::String(s.to_owned())),
+            "([0-9]{1,12}(ns|us|ms|s|m|h|d|w|M|y) ?){1,3}".prop_map(Value::String),
+            ".{0,20}".prop_map(Value::String),
+        ];
+        scalar.prop_recursive(2, 8, 3, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..3).prop_map(Value::Sequence),
+                proptest::collection::vec(("[a-z_]{1,10}", inner), 0..3)
+                    .prop_map(|kv| { Value::Mapping(kv.into_iter().map(|(k, v)| (Value::String(k), v)).collect()) }),
+            ]
+        })
+    }
+
+    /// The example's value at `path`, if any.
+    fn get<'a>(root: &'a Value, path: &str) -> Option<&'a Value> {
+        path.split('.').try_fold(root, |node, k| node.get(k))
+    }
+
+    /// A value of the key's own type (edge cases included) most of the time, so that most cases
+    /// get past the parser and exercise validate(); a value of any shape otherwise.
+    fn typed_value(existing: Option<&Value>) -> BoxedStrategy<Value> {
+        let string = |s: BoxedStrategy<String>| s.prop_map(Value::String).boxed();
+        let typed = match existing {
+            Some(Value::Number(_)) => prop_oneof![
+                3 => (0u64..3).prop_map(|v| Value::Number(v.into())),
+                3 => any::<u32>().prop_map(|v| Value::Number(v.into())),
+                1 => any::<u64>().prop_map(|v| Value::Number(v.into())),
+                1 => (i64::MIN..0).prop_map(|v| Value::Number(v.into())),
+            ]
+            .boxed(),
+            Some(Value::String(s)) if humantime::parse_duration(s).is_ok() => string(
+                prop_oneof![
+                    Just("0s".to_owned()),
+                    Just("300000000000y".to_owned()),
+                    Just("100years".to_owned()),
+                    "[0-9]{1,6}(ns|ms|s|m|h|d|y)",
+                    any::<u64>().prop_map(|v| humantime::format_duration(Duration::from_secs(v)).to_string()),
+                ]
+                .boxed(),
+            ),
+            Some(Value::String(s)) if s.parse::<SocketAddr>().is_ok() => string(
+                prop_oneof![
+                    Just("0.0.0.0:0".to_owned()),
+                    Just("[::1]:8154".to_owned()),
+                    "127\\.0\\.0\\.1:[0-9]{1,6}",
+                    "[0-9a-z.:\\[\\]]{0,16}",
+                ]
+                .boxed(),
+            ),
+            Some(Value::Sequence(_)) => proptest::collection::vec(
+                prop_oneof![Just("*".to_owned()), "https?://[a-z.]{1,10}(:[0-9]{1,5})?/?", ".{0,12}"]
+                    .prop_map(Value::String),
+                0..3,
+            )
+            .prop_map(Value::Sequence)
+            .boxed(),
+            Some(Value::String(_)) => string(
+                prop_oneof![
+                    Just("{gitlab}/{project_path}.git".to_owned()),
+                    Just(String::new()),
+                    "[{}a-z_/.]{0,20}",
+                    ".{0,20}"
+                ]
+                .boxed(),
+            ),
+            _ => value().boxed(),
+        };
+        prop_oneof![6 => typed, 1 => value()].boxed()
+    }
+
+    fn pick() -> impl Strategy<Value = (String, Value)> {
+        let example = example();
+        let keys = known_paths();
+        let leaves: Vec<String> =
+            keys.iter().filter(|k| !matches!(get(&example, k), Some(Value::Mapping(_)))).cloned().collect();
+        prop_oneof![4 => proptest::sample::select(leaves), 1 => proptest::sample::select(keys)].prop_flat_map(
+            move |key| {
+                let v = typed_value(get(&example, &key));
+                (Just(key), v)
+            },
+        )
+    }
+
+    fn set(root: &mut Value, path: &str, v: Value) {
+        let mut node = root;
+        let mut keys = path.split('.').peekable();
+        while let Some(k) = keys.next() {
+            if !matches!(node, Value::Mapping(_)) {
+                *node = Value::Mapping(Default::default());
+            }
+            let Value::Mapping(m) = node else { unreachable!() };
+            let key = Value::String(k.to_owned());
+            if keys.peek().is_none() {
+                m.insert(key, v);
+                return;
+            }
+            node = m.entry(key).or_insert(Value::Null);
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Arbitrary text as the config file: parsed or refused with a message, never a panic.
+        #[test]
+        fn arbitrary_text_never_panics(text in prop_oneof![".{0,200}", "([a-z_]{1,12}:( [ -~]{0,12})?\n {0,4}){0,10}"]) {
+            match Config::parse(&text) {
+                Ok(c) => { let _ = c.validate(); }
+                Err(e) => prop_assert!(!e.is_empty()),
+            }
+        }
+
+        /// The example file with characters inserted or removed: never a panic.
+        #[test]
+        fn mangled_example_never_panics(at in any::<proptest::sample::Index>(), cut in 0usize..8, insert in ".{0,4}") {
+            let text = include_str!("../config.example.yaml");
+            let i = at.index(text.len());
+            let (i, j) = (text.floor_char_boundary(i), text.floor_char_boundary((i + cut).min(text.len())));
+            let mangled = format!("{}{insert}{}", &text[..i], &text[j..]);
+            if let Ok(c) = Config::parse(&mangled) {
+                let _ = c.validate();
+            }
+        }
+
+        /// Any duration for any duration key: refused naming the key, or usable (no overflow
+        /// when kas adds it to the current time or scales it).
+        #[test]
+        fn arbitrary_durations(
+            key in any::<proptest::sample::Index>(),
+            d in prop_oneof![
+                any::<u64>().prop_map(Duration::from_secs),
+                (0u64..=u64::MAX / 1_000_000_000).prop_map(Duration::from_secs),
+                (0u64..4_000_000_000).prop_map(Duration::from_secs),
+                any::<u64>().prop_map(Duration::from_nanos),
+            ],
+        ) {
+            let keys: Vec<&str> = Config::default().durations().into_iter().map(|(k, _)| k).collect();
+            let key = key.get(&keys);
+            let mut doc = example();
+            set(&mut doc, key, Value::String(humantime::format_duration(d).to_string()));
+            let config = Config::parse(&serde_norway::to_string(&doc).unwrap());
+            prop_assert!(config.is_ok(), "{key}: {d:?}: {config:?}");
+            let config = config.unwrap();
+            prop_assert_eq!(config.durations().into_iter().find(|(k, _)| k == key).map(|(_, v)| v), Some(d));
+            match config.validate() {
+                Err(ConfigError::Invalid { key: refused, .. }) => {
+                    // Another key may be named when this one broke an ordering (refresh < ttl).
+                    prop_assert!(keys.contains(&refused), "{refused}");
+                }
+                Err(e) => prop_assert!(false, "validate() gave {e}"),
+                Ok(()) => {
+                    let scaled = d.checked_mul(4);
+                    prop_assert!(
+                        scaled.and_then(|s| tokio::time::Instant::now().checked_add(s)).is_some(),
+                        "{key}: {d:?} accepted but overflows when used"
+                    );
+                }
+            }
+        }
+
+        /// Arbitrary values for known keys (and a few unknown ones): refused by the parser
+        /// (naming the problem) or by validate() (naming the key), or a configuration whose
+        /// invariants hold, and that kas can use without arithmetic overflow.
+        #[test]
+        fn arbitrary_values_for_known_keys(
+            picks in proptest::collection::vec(pick(), 1..4),
+        ) {
+            let keys = known_paths();
+            let mut doc = example();
+            for (key, v) in picks {
+                set(&mut doc, &key, v);
+            }
+            let text = serde_norway::to_string(&doc).unwrap();
+            let config = match Config::parse(&text) {
+                Ok(c) => c,
+                Err(e) => {
+                    prop_assert!(!e.is_empty());
+                    return Ok(());
+                }
+            };
+            match config.validate() {
+                Err(ConfigError::Invalid { key, message }) => {
+                    prop_assert!(!message.is_empty());
+                    prop_assert!(keys.iter().any(|k| k == key), "unknown key {key} in an error");
+                }
+                Err(e) => prop_assert!(false, "validate() gave {e}"),
+                Ok(()) => {
+                    for l in [&config.listeners.agent, &config.listeners.api, &config.listeners.internal, &config.listeners.rest, &config.listeners.observability] {
+                        prop_assert!(l.address.parse::<SocketAddr>().is_ok());
+                    }
+                    prop_assert!(config.registry.refresh_period < config.registry.ttl);
+                    prop_assert!(config.registry.heartbeat_period < config.registry.heartbeat_ttl);
+                    prop_assert!(config.routing.max_concurrent_requests > 0 && config.agents.git.max_config_bytes > 0);
+                    // kas adds these to the current time and scales them by small factors
+                    // (jitter, `poll_period * 3`): none of that may overflow.
+                    for (key, d) in config.durations() {
+                        let scaled = d.checked_mul(4);
+                        prop_assert!(
+                            scaled.and_then(|s| tokio::time::Instant::now().checked_add(s)).is_some(),
+                            "{key}: {d:?} accepted but overflows when used"
+                        );
+                    }
+                    // Serializing and parsing again gives the same configuration.
+                    let again = Config::parse(&serde_norway::to_string(&config).unwrap());
+                    prop_assert_eq!(again.as_ref(), Ok(&config));
+                }
+            }
+        }
     }
 }

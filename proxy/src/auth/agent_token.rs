@@ -283,3 +283,80 @@ mod tests {
         assert!(file.validate().unwrap_err().contains("is not a branch name"));
     }
 }
+
+#[cfg(test)]
+mod proptests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn agent() -> impl Strategy<Value = String> {
+        let id = prop_oneof![
+            Just("1".to_owned()),
+            Just("0".to_owned()),
+            Just("-1".to_owned()),
+            Just("+2".to_owned()),
+            any::<i64>().prop_map(|v| v.to_string()),
+            "[a-z0-9.]{0,4}"
+        ];
+        let hash = prop_oneof!["[0-9a-f]{64}", "[0-9A-F]{64}", "[0-9a-z]{60,66}", Just(String::new())];
+        let repo = prop_oneof![
+            Just(None),
+            Just(Some("/srv/a.git".to_owned())),
+            Just(Some("https://u:p@h/a.git".to_owned())),
+            "[a-z:/.]{0,12}".prop_map(Some)
+        ];
+        let branch = prop_oneof![
+            Just(None),
+            Just(Some("main".to_owned())),
+            Just(Some("refs/heads/x".to_owned())),
+            "[a-z./~^: -]{0,8}".prop_map(Some)
+        ];
+        let configuration = prop_oneof![
+            Just(None),
+            Just(Some("{}")),
+            Just(Some("{kubernetes_api: {read_only: true}}")),
+            Just(Some("{nope: 1}"))
+        ];
+        (id.clone(), "[a-z ]{0,6}", id, hash, repo, branch, configuration).prop_map(
+            |(id, name, project, hash, repo, branch, configuration)| {
+                let mut s =
+                    format!("- id: {id}\n  name: \"{name}\"\n  project_id: {project}\n  token_sha256: \"{hash}\"\n");
+                if let Some(r) = repo {
+                    s.push_str(&format!("  configuration_repository: \"{r}\"\n"));
+                }
+                if let Some(b) = branch {
+                    s.push_str(&format!("  configuration_branch: \"{b}\"\n"));
+                }
+                if let Some(c) = configuration {
+                    s.push_str(&format!("  configuration: {c}\n"));
+                }
+                s
+            },
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// The static agents file with arbitrary entries: refused with a message naming the
+        /// entry, or a file whose agents are all usable (positive ids, one per id and hash).
+        #[test]
+        fn arbitrary_static_agents_files(agents in proptest::collection::vec(agent(), 0..4), junk in prop_oneof![Just(String::new()), ".{0,20}"]) {
+            let text = format!("agents:\n{}{junk}", agents.concat());
+            let Ok(file) = serde_norway::from_str::<StaticAgentsFile>(&text) else { return Ok(()) };
+            match file.validate() {
+                Ok(()) => {
+                    let n = file.agents.len();
+                    for a in &file.agents {
+                        prop_assert!(a.id > 0 && a.project_id > 0 && !a.name.trim().is_empty());
+                        prop_assert!(a.configuration_repository.as_deref().is_none_or(|r| RepositoryLocation::parse(r).is_ok()));
+                    }
+                    let agents = StaticAgents::new(file);
+                    prop_assert_eq!(agents.by_hash.len(), n, "every validated agent can log in");
+                }
+                Err(e) => prop_assert!(e.starts_with("agents["), "{e}"),
+            }
+        }
+    }
+}

@@ -131,3 +131,36 @@ impl KasInternal for InternalService {
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 }
+
+#[cfg(test)]
+mod proptests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// `kas-hop-agent-id` / `kas-hop-connection-id` from a peer kas: any value is an id or
+        /// INVALID_ARGUMENT naming the key, never a panic. (What is accepted is Rust's `i64`
+        /// syntax: a sign, zero and negative ids included; see the issue 12 report.)
+        #[test]
+        fn hop_ids_of_arbitrary_metadata(raw in prop_oneof![any::<i64>().prop_map(|v| v.to_string()), "[+-]?[0-9]{0,21}", "[ -~]{0,12}"]) {
+            let mut md = MetadataMap::new();
+            let Ok(value) = raw.parse() else { return Ok(()) };
+            md.insert(HOP_CONNECTION_ID, value);
+            match hop_id(&md, HOP_CONNECTION_ID) {
+                Ok(v) => prop_assert_eq!(Ok(v), raw.parse::<i64>()),
+                Err(e) => {
+                    prop_assert!(raw.parse::<i64>().is_err());
+                    prop_assert_eq!(e.to_string(), "kas-hop-connection-id must be an integer");
+                    prop_assert_eq!(tonic::Status::from(e).code(), tonic::Code::InvalidArgument);
+                }
+            }
+            prop_assert_eq!(
+                hop_id(&MetadataMap::new(), HOP_AGENT_ID).unwrap_err().to_string(),
+                "missing kas-hop-agent-id metadata"
+            );
+        }
+    }
+}

@@ -155,6 +155,20 @@ fn decode(data: Bytes) -> Result<http_frame::Frame, Status> {
     HttpFrame::decode(data).ok().and_then(|f| f.frame).ok_or_else(|| Status::invalid_argument("invalid HTTP frame"))
 }
 
+/// The request line kas sent: a valid method, and an origin-form path (no scheme or host, so
+/// the request cannot be pointed anywhere but the API server).
+fn method_and_uri(head: &HttpRequestHead) -> Result<(http::Method, http::Uri), Status> {
+    let method = http::Method::from_bytes(head.method.as_bytes())
+        .map_err(|_| Status::invalid_argument(format!("invalid HTTP method {:?}", head.method)))?;
+    let uri: http::Uri = head
+        .path
+        .parse()
+        .ok()
+        .filter(|u: &http::Uri| u.scheme().is_none() && u.path().starts_with('/'))
+        .ok_or_else(|| Status::invalid_argument(format!("invalid request path {:?}", head.path)))?;
+    Ok((method, uri))
+}
+
 /// The headers that go to the API server.
 fn forwarded_headers(head: &HttpRequestHead) -> HeaderMap {
     let mut headers = headers_from_proto(&head.headers);
@@ -188,14 +202,7 @@ impl KubernetesApi {
         let http_frame::Frame::RequestHead(head) = decode(first)? else {
             return Err(Status::invalid_argument("the first frame must be the request head"));
         };
-        let method = http::Method::from_bytes(head.method.as_bytes())
-            .map_err(|_| Status::invalid_argument(format!("invalid HTTP method {:?}", head.method)))?;
-        let uri: http::Uri = head
-            .path
-            .parse()
-            .ok()
-            .filter(|u: &http::Uri| u.scheme().is_none() && u.path().starts_with('/'))
-            .ok_or_else(|| Status::invalid_argument(format!("invalid request path {:?}", head.path)))?;
+        let (method, uri) = method_and_uri(&head)?;
         let headers = forwarded_headers(&head);
         let upgrade = is_upgrade(&headers);
         if let Some(reason) = self.refusal(&method, upgrade) {
@@ -419,5 +426,100 @@ mod configuration_tests {
 
         let disabled = api(Some(KubernetesApiConfiguration { disabled: true, read_only: false }));
         assert!(disabled.refusal(&Method::GET, false).unwrap().contains("disabled"));
+    }
+}
+
+#[cfg(test)]
+mod proptests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use kas_proto::kubernetes_api::HeaderValues;
+
+    fn headers() -> impl Strategy<Value = std::collections::HashMap<String, HeaderValues>> {
+        let name = prop_oneof![
+            proptest::sample::select(
+                FORWARDED_REQUEST_HEADERS
+                    .iter()
+                    .copied()
+                    .chain(["authorization", "impersonate-user", "Impersonate-Group", "transfer-encoding", "x-custom"])
+                    .collect::<Vec<_>>()
+            )
+            .prop_map(str::to_owned),
+            ".{0,10}",
+        ];
+        let value = prop_oneof![
+            Just(Bytes::from_static(b"Upgrade")),
+            "[ -~]{0,20}".prop_map(Bytes::from),
+            proptest::collection::vec(any::<u8>(), 0..8).prop_map(Bytes::from),
+        ];
+        proptest::collection::hash_map(
+            name,
+            proptest::collection::vec(value, 0..3).prop_map(|values| HeaderValues { values }),
+            0..8,
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Whatever kas puts in a tunnel Message: a frame, or INVALID_ARGUMENT, never a panic.
+        #[test]
+        fn decode_of_arbitrary_messages(data in proptest::collection::vec(any::<u8>(), 0..256)) {
+            match decode(Bytes::from(data.clone())) {
+                Ok(frame) => prop_assert_eq!(HttpFrame::decode(data.as_slice()).ok().and_then(|f| f.frame), Some(frame)),
+                Err(status) => {
+                    prop_assert_eq!(status.code(), tonic::Code::InvalidArgument);
+                    prop_assert_eq!(status.message(), "invalid HTTP frame");
+                }
+            }
+        }
+
+        /// Arbitrary methods and paths: a valid method and an origin-form URI (never one with a
+        /// scheme or host, which would send the request elsewhere), or INVALID_ARGUMENT naming
+        /// what was wrong, never a panic.
+        #[test]
+        fn request_lines_of_arbitrary_heads(
+            method in prop_oneof![Just("GET".to_owned()), Just("get".to_owned()), Just("PATCH".to_owned()), ".{0,10}"],
+            path in prop_oneof![
+                "/[ -~]{0,30}",
+                "(https?://[a-z.@:]{0,10})?(/[a-z%?#=&.]{0,8}){0,3}",
+                "//[a-z.]{1,8}/[a-z]{0,4}",
+                "[*a-z:]{0,6}",
+                ".{0,20}",
+            ],
+        ) {
+            let head = HttpRequestHead { method: method.clone(), path: path.clone(), headers: Default::default() };
+            match method_and_uri(&head) {
+                Ok((m, uri)) => {
+                    prop_assert_eq!(m.as_str(), method.as_str());
+                    prop_assert!(uri.scheme().is_none() && uri.authority().is_none(), "{path:?} -> {uri:?}");
+                    prop_assert!(uri.path().starts_with('/'));
+                    // A fragment is dropped (it never goes on the wire); the rest is kept.
+                    prop_assert_eq!(uri.to_string(), path.split('#').next().unwrap_or_default());
+                }
+                Err(status) => {
+                    prop_assert_eq!(status.code(), tonic::Code::InvalidArgument);
+                    prop_assert!(
+                        status.message().starts_with("invalid HTTP method") || status.message().starts_with("invalid request path")
+                    );
+                }
+            }
+        }
+
+        /// Arbitrary caller headers: only the whitelist reaches the API server, never the
+        /// caller's credentials or impersonation, and always agentk's User-Agent.
+        #[test]
+        fn forwarded_headers_of_arbitrary_heads(headers in headers()) {
+            let head = HttpRequestHead { method: "GET".into(), path: "/api".into(), headers };
+            let out = forwarded_headers(&head);
+            for name in out.keys() {
+                prop_assert!(FORWARDED_REQUEST_HEADERS.contains(&name.as_str()), "{name} forwarded");
+            }
+            prop_assert!(!out.contains_key("authorization"));
+            let ua = out.get(USER_AGENT).and_then(|v| v.to_str().ok()).unwrap_or_default();
+            prop_assert!(ua.contains(&format!("agentk/{}", crate::VERSION)), "{ua:?}");
+            prop_assert_eq!(out.get_all(USER_AGENT).iter().count(), 1);
+        }
     }
 }

@@ -373,3 +373,162 @@ mod tests {
         assert!(t.render("https://g", &escaping, "main").unwrap_err().contains("cannot be used"));
     }
 }
+
+#[cfg(test)]
+mod proptests {
+    use proptest::prelude::*;
+    use serde_norway::Value;
+
+    use super::*;
+    use crate::auth::gitlab::GitalyRepository;
+
+    fn scalar() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(|v| Value::Number(v.into())),
+            prop_oneof![Just("info"), Just("agentk=debug"), Just("[{"), Just(""), Just("yes")]
+                .prop_map(|s| Value::String(s.into())),
+            ".{0,16}".prop_map(Value::String),
+        ]
+    }
+
+    /// A document made of known sections and keys (and some unknown ones), values of any shape.
+    fn document() -> impl Strategy<Value = Value> {
+        let key = proptest::sample::select(vec![
+            "observability",
+            "logging",
+            "level",
+            "kubernetes_api",
+            "enabled",
+            "read_only",
+            "readonly",
+            "extra",
+        ]);
+        let leaf = scalar();
+        leaf.prop_recursive(3, 12, 3, move |inner| {
+            proptest::collection::vec((key.clone(), inner), 0..3)
+                .prop_map(|kv| Value::Mapping(kv.into_iter().map(|(k, v)| (Value::String(k.to_owned()), v)).collect()))
+        })
+    }
+
+    fn gitaly() -> impl Strategy<Value = GitalyRepository> {
+        let part =
+            prop_oneof![Just("..".to_owned()), Just("a/../b".to_owned()), Just(String::new()), "[a-z?#/.@:-]{0,12}"];
+        (part.clone(), part.clone(), part.clone(), part).prop_map(
+            |(storage_name, relative_path, gl_repository, gl_project_path)| GitalyRepository {
+                storage_name,
+                relative_path,
+                gl_repository,
+                gl_project_path,
+            },
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Any `config.yaml` text: a document or a YAML error, never a panic; a document gives
+        /// the same commit id every time and survives YAML round-trips.
+        #[test]
+        fn arbitrary_agent_configuration_text(text in prop_oneof![".{0,120}", "([a-z_]{1,14}:( [ -~]{0,10})?\n {0,4}){0,8}"]) {
+            match serde_norway::from_str::<AgentConfigDocument>(&text) {
+                Ok(d) => {
+                    prop_assert_eq!(d.to_response(), d.to_response());
+                    let again: AgentConfigDocument = serde_norway::from_str(&serde_norway::to_string(&d).unwrap()).unwrap();
+                    prop_assert_eq!(again, d);
+                }
+                Err(e) => prop_assert!(!e.to_string().is_empty()),
+            }
+        }
+
+        /// Known keys with values of any shape: accepted exactly when the schema says so
+        /// (unknown keys refused and named), and what is accepted reaches agentk unchanged.
+        #[test]
+        fn arbitrary_agent_configuration_values(doc in document()) {
+            let text = serde_norway::to_string(&doc).unwrap();
+            match serde_norway::from_str::<AgentConfigDocument>(&text) {
+                Ok(d) => {
+                    let p = d.to_proto();
+                    if let Some(k) = &d.kubernetes_api {
+                        prop_assert_eq!(p.kubernetes_api, Some(pb::KubernetesApiConfiguration { disabled: !k.enabled, read_only: k.read_only }));
+                    }
+                    let level = d.observability.as_ref().and_then(|o| o.logging.as_ref()).map(|l| l.level.clone());
+                    prop_assert_eq!(p.observability.and_then(|o| o.logging).map(|l| l.level), level);
+                    prop_assert!(!text.contains("readonly") && !text.contains("extra"), "unknown key accepted: {text}");
+                }
+                Err(e) => {
+                    let e = e.to_string();
+                    for unknown in ["readonly", "extra"] {
+                        if e.contains(&format!("unknown field `{unknown}`")) {
+                            prop_assert!(text.contains(unknown));
+                        }
+                    }
+                }
+            }
+        }
+
+        /// Repository locations: a local path, a credential-free http(s) URL, or refused with a
+        /// message that never repeats the credentials.
+        #[test]
+        fn arbitrary_repository_locations(s in prop_oneof![
+            ".{0,30}",
+            "(https?|ssh|git|file)://[a-z.:@]{0,12}(/[a-z.]{0,6}){0,3}",
+            "https://user:SECRET@[a-z.]{1,10}/[a-z]{0,6}",
+        ]) {
+            match RepositoryLocation::parse(&s) {
+                Ok(RepositoryLocation::Local(p)) => prop_assert!(!s.contains("://") && p.as_os_str() == s.as_str()),
+                Ok(RepositoryLocation::Remote(url)) => {
+                    prop_assert!(url.starts_with("http://") || url.starts_with("https://"));
+                    let authority = url.split_once("://").unwrap().1.split('/').next().unwrap();
+                    prop_assert!(!authority.is_empty() && !authority.contains('@'));
+                    prop_assert!(url.parse::<http::Uri>().is_ok());
+                }
+                Err(e) => {
+                    prop_assert!(!e.is_empty());
+                    prop_assert!(!e.contains("SECRET"), "{e}");
+                }
+            }
+        }
+
+        /// `gitlab.repository_url` templates and GitLab's values: never a panic; only known
+        /// placeholders are accepted, and a value that could leave the intended location (empty,
+        /// `..`, `?`, `#`) is refused whenever its placeholder is used.
+        #[test]
+        fn arbitrary_repository_url_templates(
+            template in prop_oneof![
+                "[a-z:/{}._]{0,30}",
+                "(https://g/|/srv/)?(\\{(gitlab|project_path|relative_path|storage_name|gl_repository)\\}/?){0,3}(\\.git)?",
+            ],
+            repo in gitaly(),
+            gitlab in prop_oneof![Just("https://gitlab.example.com/".to_owned()), "[a-z:/.]{0,16}"],
+            branch in "[a-z/]{0,8}",
+        ) {
+            let Ok(t) = RepositoryUrlTemplate::parse(&template) else { return Ok(()) };
+            let mut rest = template.as_str();
+            while let Some(start) = rest.find('{') {
+                let end = start + rest[start..].find('}').unwrap();
+                prop_assert!(TEMPLATE_PLACEHOLDERS.contains(&&rest[start + 1..end]));
+                rest = &rest[end + 1..];
+            }
+            let values = [
+                ("gitlab", gitlab.trim_end_matches('/')),
+                ("project_path", repo.gl_project_path.as_str()),
+                ("relative_path", repo.relative_path.as_str()),
+                ("storage_name", repo.storage_name.as_str()),
+                ("gl_repository", repo.gl_repository.as_str()),
+            ];
+            let unsafe_value = values.iter().any(|(name, v)| {
+                template.contains(&format!("{{{name}}}"))
+                    && (v.is_empty() || v.split('/').any(|s| s == "..") || v.contains(['?', '#']))
+            });
+            match t.render(&gitlab, &repo, &branch) {
+                Ok(r) => {
+                    prop_assert!(!unsafe_value, "{template} rendered with {values:?}: {r:?}");
+                    prop_assert_eq!(r.branch.is_none(), branch.is_empty());
+                }
+                Err(e) => prop_assert!(!e.is_empty()),
+            }
+        }
+    }
+}

@@ -197,3 +197,50 @@ mod tests {
         assert_eq!(h["accept"], "application/json");
     }
 }
+
+#[cfg(test)]
+mod proptests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Whatever agentk puts in a tunnel Message: a frame, or the documented tunnel error.
+        #[test]
+        fn decode_of_arbitrary_messages(data in proptest::collection::vec(any::<u8>(), 0..256)) {
+            match decode(Bytes::from(data.clone())) {
+                Ok(frame) => prop_assert_eq!(HttpFrame::decode(data.as_slice()).ok().and_then(|f| f.frame), Some(frame)),
+                Err(e) => prop_assert_eq!(e.to_string(), "tunnel to agentk failed: agentk sent an invalid HTTP frame"),
+            }
+        }
+
+        /// A caller's request head with arbitrary headers: never a panic, and nothing that must
+        /// stay in kas (credentials, hop-by-hop and kas-hop-* headers) survives.
+        #[test]
+        fn sanitized_heads_keep_nothing_private(
+            headers in proptest::collection::hash_map(
+                prop_oneof![
+                    proptest::sample::select(vec!["authorization", "Cookie", "host", "connection", "upgrade", "te", "kas-hop-agent-id", "KAS-HOP-x", "accept"]).prop_map(str::to_owned),
+                    ".{0,10}",
+                ],
+                proptest::collection::vec(prop_oneof!["[ -~]{0,20}".prop_map(Bytes::from), proptest::collection::vec(any::<u8>(), 0..8).prop_map(Bytes::from)], 0..3)
+                    .prop_map(|values| kas_proto::kubernetes_api::HeaderValues { values }),
+                0..8,
+            ),
+        ) {
+            let mut head = HttpRequestHead { method: "GET".into(), path: "/api".into(), headers };
+            sanitize_request_head(&mut head);
+            let h = kas_proto::kubernetes_api::headers_from_proto(&head.headers);
+            prop_assert_eq!(h.len(), head.headers.values().map(|v| v.values.len()).sum::<usize>(), "only valid headers are sent on");
+            for name in h.keys() {
+                let name = name.as_str();
+                prop_assert!(!DROPPED_REQUEST_HEADERS.contains(&name) && !name.starts_with("kas-hop-"), "{name} left kas");
+                if !h.contains_key(http::header::UPGRADE) {
+                    prop_assert!(!kas_proto::kubernetes_api::HOP_BY_HOP.contains(&name), "{name} left kas");
+                }
+            }
+        }
+    }
+}

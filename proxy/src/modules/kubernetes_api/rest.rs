@@ -73,11 +73,7 @@ async fn proxy_inner(
     params: HashMap<String, String>,
     mut request: Request,
 ) -> Result<Response, KasError> {
-    let agent_id = params
-        .get("agent_id")
-        .and_then(|s| s.parse::<i64>().ok())
-        .filter(|id| *id > 0)
-        .ok_or_else(|| KasError::InvalidArgument("agent_id must be a positive integer".into()))?;
+    let agent_id = agent_id_param(&params)?;
     let mut path = format!("/{}", params.get("path").map(String::as_str).unwrap_or_default());
     if let Some(query) = request.uri().query() {
         path.push('?');
@@ -104,8 +100,7 @@ async fn proxy_inner(
         _ => None,
     };
     let head = exchange.response_head().await?;
-    let status = http::StatusCode::from_u16(u16::try_from(head.status).unwrap_or(502))
-        .map_err(|_| KasError::Tunnel(format!("agentk sent an invalid HTTP status {}", head.status)))?;
+    let status = response_status(head.status)?;
     let mut headers = headers_from_proto(&head.headers);
     strip_hop_by_hop(&mut headers, false);
     // The request pump lives as long as the response body: a caller that goes away (the body is
@@ -124,6 +119,23 @@ async fn proxy_inner(
     Ok(response)
 }
 
+/// The status of agentk's response head.
+fn response_status(status: u32) -> Result<http::StatusCode, KasError> {
+    u16::try_from(status)
+        .ok()
+        .and_then(|s| http::StatusCode::from_u16(s).ok())
+        .ok_or_else(|| KasError::Tunnel(format!("agentk sent an invalid HTTP status {status}")))
+}
+
+/// The `{agent_id}` path parameter.
+pub(crate) fn agent_id_param(params: &HashMap<String, String>) -> Result<i64, KasError> {
+    params
+        .get("agent_id")
+        .and_then(|s| s.parse::<i64>().ok())
+        .filter(|id| *id > 0)
+        .ok_or_else(|| KasError::InvalidArgument("agent_id must be a positive integer".into()))
+}
+
 /// An upgrade (kubectl exec/attach/port-forward): if the API server switches protocols, so does
 /// the caller's connection, and bytes flow both ways through the tunnel until either side closes.
 async fn respond_upgrade(
@@ -132,8 +144,7 @@ async fn respond_upgrade(
     on_upgrade: Option<hyper::upgrade::OnUpgrade>,
 ) -> Result<Response, KasError> {
     let head = exchange.response_head().await?;
-    let status = http::StatusCode::from_u16(u16::try_from(head.status).unwrap_or(502))
-        .map_err(|_| KasError::Tunnel(format!("agentk sent an invalid HTTP status {}", head.status)))?;
+    let status = response_status(head.status)?;
     let switching = status == http::StatusCode::SWITCHING_PROTOCOLS;
     let mut headers = headers_from_proto(&head.headers);
     strip_hop_by_hop(&mut headers, switching);
@@ -173,4 +184,45 @@ async fn respond_upgrade(
         let _ = write.shutdown().await;
     });
     Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Found by `proptests::response_status_of_arbitrary_heads`: a status above 65535 used to
+    /// become a 502 passed off as the API server's answer (with agentk's headers and body).
+    #[test]
+    fn statuses_beyond_u16_are_invalid_not_502() {
+        for status in [65_536, 65_536 + 200, u32::MAX] {
+            let e = response_status(status).unwrap_err();
+            assert!(e.to_string().contains("invalid HTTP status"), "{status}: {e}");
+        }
+        assert_eq!(response_status(502).unwrap(), http::StatusCode::BAD_GATEWAY);
+    }
+}
+
+#[cfg(test)]
+mod proptests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Any status in agentk's response head: a status code for 100..=999 (what HTTP can
+        /// carry), otherwise the documented tunnel error, never a panic.
+        #[test]
+        fn response_status_of_arbitrary_heads(status in prop_oneof![0u32..1200, proptest::arbitrary::any::<u32>(), Just(65_536 + 200)]) {
+            match response_status(status) {
+                Ok(s) => prop_assert_eq!(u32::from(s.as_u16()), status),
+                Err(e) => {
+                    prop_assert!(!(100..=999).contains(&status), "{status} refused");
+                    prop_assert_eq!(e.to_string(), format!("tunnel to agentk failed: agentk sent an invalid HTTP status {status}"));
+                    prop_assert_eq!(e.http_status(), http::StatusCode::BAD_GATEWAY);
+                }
+            }
+        }
+    }
 }
