@@ -201,9 +201,14 @@ pub async fn connection_counts_are_shared_between_instances(b: &impl Backend) {
     let window = Duration::from_secs(3600);
     // Counted across kas (a window boundary between calls would restart the count: an hour-long
     // window makes that practically impossible here).
-    let first = k1.count_connection(agent, window).await.unwrap();
-    assert_eq!(k2.count_connection(agent, window).await.unwrap(), first + 1);
-    assert_eq!(k1.count_connection(agent, window).await.unwrap(), first + 2);
-    assert_eq!(other.count_connection(agent, window).await.unwrap(), 1, "isolated stores count separately");
-    assert_eq!(k1.count_connection(AgentId(agent.0 ^ 1), window).await.unwrap(), 1, "per agent");
+    let first = k1.count_connection(agent, window).await.unwrap().current;
+    assert_eq!(k2.count_connection(agent, window).await.unwrap().current, first + 1);
+    assert_eq!(k1.count_connection(agent, window).await.unwrap().current, first + 2);
+    assert_eq!(other.count_connection(agent, window).await.unwrap().current, 1, "isolated stores count separately");
+    assert_eq!(k1.count_connection(AgentId(agent.0 ^ 1), window).await.unwrap().current, 1, "per agent");
+    // The previous window is reported too: with a 1 ms window, counts from a moment ago are in
+    // the previous window or older, never in a later one.
+    let tiny = Duration::from_millis(1);
+    let counts = k1.count_connection(AgentId(agent.0 ^ 2), tiny).await.unwrap();
+    assert!(counts.current >= 1 && (0.0..1.0).contains(&counts.elapsed), "{counts:?}");
 }

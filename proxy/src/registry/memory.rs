@@ -13,7 +13,8 @@ use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 use super::{
-    AgentRegistry, EVENT_BUFFER, RegistryError, RegistryEvent, RegistryTiming, record_key, sorted, window_index,
+    AgentRegistry, EVENT_BUFFER, RegistryError, RegistryEvent, RegistryTiming, WindowCounts, record_key, sorted,
+    window_position,
 };
 
 type Key = (AgentId, ProjectId, ConnectionId);
@@ -166,14 +167,16 @@ impl AgentRegistry for MemoryRegistry {
         Ok(())
     }
 
-    async fn count_connection(&self, agent_id: AgentId, window: Duration) -> Result<u64, RegistryError> {
-        let index = window_index(window);
+    async fn count_connection(&self, agent_id: AgentId, window: Duration) -> Result<WindowCounts, RegistryError> {
+        let (index, elapsed) = window_position(window);
         let mut data = self.store.lock();
-        // Only the current window matters; older ones are dropped as windows pass.
-        data.connection_counts.retain(|(_, i), _| *i == index);
+        // Only the current and the previous window matter; older ones are dropped as windows pass.
+        data.connection_counts.retain(|(_, i), _| *i + 1 >= index);
         let count = data.connection_counts.entry((agent_id, index)).or_default();
         *count += 1;
-        Ok(*count)
+        let current = *count;
+        let previous = index.checked_sub(1).and_then(|p| data.connection_counts.get(&(agent_id, p))).copied();
+        Ok(WindowCounts { current, previous: previous.unwrap_or(0), elapsed })
     }
 
     async fn remove_all_owned(&self) -> Result<(), RegistryError> {

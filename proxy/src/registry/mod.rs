@@ -96,9 +96,10 @@ pub trait AgentRegistry: Send + Sync + 'static {
     async fn ping(&self) -> Result<(), RegistryError>;
     /// Removes everything this kas wrote, including its heartbeat (graceful shutdown, last).
     async fn remove_all_owned(&self) -> Result<(), RegistryError>;
-    /// Counts a new connection of an agent in the current fixed `window` and returns the count
-    /// so far, across every kas sharing the store (the agent connection rate limit).
-    async fn count_connection(&self, agent_id: AgentId, window: Duration) -> Result<u64, RegistryError>;
+    /// Counts a new connection of an agent in the current fixed `window` and returns the counts
+    /// of this window (including it) and of the previous one, across every kas sharing the store
+    /// (the agent connection rate limit; see [`WindowCounts::sliding_estimate`]).
+    async fn count_connection(&self, agent_id: AgentId, window: Duration) -> Result<WindowCounts, RegistryError>;
 }
 
 /// Sorts records the same way in every backend (agent id, then connection id).
@@ -107,13 +108,54 @@ pub(crate) fn sorted(mut v: Vec<ConnectedAgentInfo>) -> Vec<ConnectedAgentInfo> 
     v
 }
 
-/// The index of the current fixed window of length `window` (wall clock, so every kas agrees).
-pub(crate) fn window_index(window: Duration) -> u64 {
+/// Where "now" falls in fixed windows of length `window` (wall clock, so every kas agrees): the
+/// window's index and how far into it we are (0.0 ..< 1.0).
+pub(crate) fn window_position(window: Duration) -> (u64, f64) {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    (now.as_millis() / window.as_millis().max(1)) as u64
+    let length = window.as_millis().max(1);
+    let into = now.as_millis() % length;
+    ((now.as_millis() / length) as u64, into as f64 / length as f64)
+}
+
+/// Connection counts of one agent: this fixed window (including the one just counted) and the
+/// previous one.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WindowCounts {
+    pub current: u64,
+    pub previous: u64,
+    /// How far into the current window the count was taken (0.0 ..< 1.0).
+    pub elapsed: f64,
+}
+
+impl WindowCounts {
+    /// Connections in the sliding window that ends now: the current window's count plus the
+    /// previous window's, weighted by how much of it the sliding window still covers (rounded
+    /// up). Unlike a fixed window, a burst straddling a window boundary cannot pass twice the
+    /// limit, and the outcome does not depend on where the boundary falls.
+    pub fn sliding_estimate(&self) -> u64 {
+        let carried = (self.previous as f64 * (1.0 - self.elapsed.clamp(0.0, 1.0))).ceil() as u64;
+        self.current + carried
+    }
 }
 
 /// A new random instance id.
 pub fn new_instance_id() -> String {
     format!("{:016x}", rand::random::<u64>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::WindowCounts;
+
+    #[test]
+    fn the_sliding_estimate_carries_the_previous_window_over_a_boundary() {
+        let at = |current, previous, elapsed| WindowCounts { current, previous, elapsed }.sliding_estimate();
+        // Just after a boundary, the previous window still counts in full: 2 + 1 is over 2.
+        assert_eq!(at(1, 2, 0.0001), 3);
+        // Halfway, half of it (rounded up).
+        assert_eq!(at(1, 3, 0.5), 3);
+        // Without a previous window, only the current one.
+        assert_eq!(at(2, 0, 0.9), 2);
+        assert_eq!(at(0, 0, 0.0), 0);
+    }
 }

@@ -30,7 +30,9 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{OnceCell, broadcast};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::{AgentRegistry, EVENT_BUFFER, RegistryError, RegistryEvent, RegistryTiming, record_key, sorted};
+use super::{
+    AgentRegistry, EVENT_BUFFER, RegistryError, RegistryEvent, RegistryTiming, WindowCounts, record_key, sorted,
+};
 
 /// A Redis call that takes longer is failed: a slow Redis must not stall routing.
 pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -428,12 +430,14 @@ impl AgentRegistry for RedisRegistry {
         Ok(())
     }
 
-    async fn count_connection(&self, agent_id: AgentId, window: Duration) -> Result<u64, RegistryError> {
-        let key = self.keys.connection_count(agent_id, super::window_index(window));
+    async fn count_connection(&self, agent_id: AgentId, window: Duration) -> Result<WindowCounts, RegistryError> {
+        let (index, elapsed) = super::window_position(window);
+        let key = self.keys.connection_count(agent_id, index);
+        let previous_key = self.keys.connection_count(agent_id, index.saturating_sub(1));
         let mut pipe = redis::pipe();
-        pipe.atomic().incr(&key, 1u64).pexpire(&key, ms(window) * 2).ignore();
-        let (count,): (u64,) = self.query("count_connection", &pipe).await?;
-        Ok(count)
+        pipe.atomic().incr(&key, 1u64).pexpire(&key, ms(window) * 2).ignore().get(&previous_key);
+        let (current, previous): (u64, Option<u64>) = self.query("count_connection", &pipe).await?;
+        Ok(WindowCounts { current, previous: previous.unwrap_or(0), elapsed })
     }
 
     async fn remove_all_owned(&self) -> Result<(), RegistryError> {

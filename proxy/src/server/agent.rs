@@ -78,10 +78,11 @@ impl AgentTunnel for AgentService {
         let agent_id = agent.agent_id;
         // Only presence streams count: tunnels are opened per request and must never be limited.
         match self.registry.count_connection(agent_id, CONNECTION_RATE_WINDOW).await {
-            Ok(n) if n > self.connections_per_minute => {
+            Ok(counts) if counts.sliding_estimate() > self.connections_per_minute => {
                 return Err(Status::resource_exhausted(format!(
-                    "agent {agent_id} opened {n} connections this minute; the limit is {} \
+                    "agent {agent_id} opened {} connections in the last minute; the limit is {} \
                      (limits.agent_connections_per_minute)",
+                    counts.sliding_estimate(),
                     self.connections_per_minute
                 )));
             }
