@@ -261,7 +261,10 @@ impl App {
         let instance = KasInstanceInfo {
             version: crate::VERSION.to_owned(),
             commit: crate::COMMIT.to_owned(),
-            address: Some(KasAddress { ip: advertised_ip.to_string(), port: u32::from(addresses.internal.port()) }),
+            address: Some(KasAddress {
+                ip: advertised_ip.to_string(),
+                port: u32::from(config.kas_internal.advertise_port.unwrap_or(addresses.internal.port())),
+            }),
             instance_id: new_instance_id(),
         };
         let timing = config.registry.timing();
