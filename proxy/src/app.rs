@@ -336,7 +336,8 @@ impl Bound {
             Some(t) => Peers::new(internal_secret.clone()).with_tls(internal_client_tls(t)?),
             None => Peers::new(internal_secret.clone()),
         };
-        let peers = Arc::new(peers.with_ping(config.kas_internal.peer_ping_interval, config.kas_internal.peer_ping_timeout));
+        let peers =
+            Arc::new(peers.with_ping(config.kas_internal.peer_ping_interval, config.kas_internal.peer_ping_timeout));
         let router = Router::new(tunnels.clone(), registry.clone(), peers, config.routing.max_wait)
             .with_limits(config.routing.max_concurrent_requests, config.routing.max_concurrent_requests_per_agent);
         // Alive before the first agent registers, so peers do not ignore its records.

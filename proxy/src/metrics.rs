@@ -88,7 +88,10 @@ fn describe() {
         PEER_ERRORS,
         "kas -> kas forwards that failed or were skipped, by reason (not_here, down, unavailable)"
     );
-    metrics::describe_counter!(PEER_STATE_CHANGES, "Other kas marked down or up again by this kas, by state (down, up)");
+    metrics::describe_counter!(
+        PEER_STATE_CHANGES,
+        "Other kas marked down or up again by this kas, by state (down, up)"
+    );
     metrics::describe_counter!(REGISTRY_OPERATIONS, "Registry operations, by operation");
     metrics::describe_counter!(REGISTRY_ERRORS, "Registry operations that failed (e.g. Redis errors), by operation");
     metrics::describe_gauge!(CONNECTIONS, "Agent connections (GetConfiguration streams) held by this kas");

@@ -237,11 +237,7 @@ async fn unpaused(faults: &mut watch::Receiver<Faults>) -> Faults {
 
 /// One direction: a reader queues chunks stamped with their arrival, a writer delivers each at
 /// arrival + delay (so delay adds latency without capping throughput), throttled if asked.
-async fn pump(
-    mut from: impl AsyncRead + Unpin,
-    mut to: impl AsyncWrite + Unpin,
-    faults: watch::Receiver<Faults>,
-) {
+async fn pump(mut from: impl AsyncRead + Unpin, mut to: impl AsyncWrite + Unpin, faults: watch::Receiver<Faults>) {
     let (tx, mut rx) = mpsc::channel::<(Instant, Vec<u8>)>(64);
     let mut read_faults = faults.clone();
     let reader = async move {

@@ -119,7 +119,13 @@ async fn a_hung_kas_holding_one_of_two_connections_delays_requests_through_a_thi
     let worst = results.iter().map(|(d, _)| *d).max().unwrap();
     let failed: Vec<_> = results.iter().filter(|(_, r)| r.is_err()).collect();
     eprintln!("hung kas: {} requests, slowest {worst:?} (without the fault: {baseline:?})", results.len());
-    assert!(failed.is_empty(), "{} of {} requests failed: {:?}", failed.len(), results.len(), &failed[..failed.len().min(5)]);
+    assert!(
+        failed.is_empty(),
+        "{} of {} requests failed: {:?}",
+        failed.len(),
+        results.len(),
+        &failed[..failed.len().min(5)]
+    );
     assert!(
         worst <= baseline + Duration::from_secs(5),
         "slowest of {} requests took {worst:?} (without the fault: {baseline:?})",
@@ -201,7 +207,13 @@ async fn a_dead_peer_is_dialed_a_few_times_per_second_and_logged_once_per_state_
         "kas 2 dialed the dead kas {dials} times in {seconds:.1} s ({requests} requests, {} log lines)",
         lines.len()
     );
-    assert_eq!(lines.len(), 1, "{} log lines name the dead peer, first ones: {:#?}", lines.len(), &lines[..lines.len().min(3)]);
+    assert_eq!(
+        lines.len(),
+        1,
+        "{} log lines name the dead peer, first ones: {:#?}",
+        lines.len(),
+        &lines[..lines.len().min(3)]
+    );
     assert!(lines[0].contains("WARN") && lines[0].contains("down"), "{}", lines[0]);
 
     // kas 1 is back: one more line, and kas 2 routes to it again.

@@ -216,7 +216,8 @@ fn is_transport_failure(status: &tonic::Status) -> bool {
 
 impl Shared {
     fn token(&self) -> Result<String, PeerError> {
-        mint_jwt(&self.secret, KAS_ISSUER, KAS_AUDIENCE, PEER_TOKEN_TTL).map_err(|e| PeerError::Unavailable(e.to_string()))
+        mint_jwt(&self.secret, KAS_ISSUER, KAS_AUDIENCE, PEER_TOKEN_TTL)
+            .map_err(|e| PeerError::Unavailable(e.to_string()))
     }
 
     /// The peer's channel, or `Down` without dialing when it is known to be down.
