@@ -340,6 +340,24 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn forwards_to_a_unix_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("echo.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let (mut r, mut w) = s.split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                });
+            }
+        });
+        let proxy = FaultProxy::start_unix(path).await;
+        let mut s = TcpStream::connect(proxy.address()).await.unwrap();
+        assert_eq!(round_trip(&mut s, b"redis").await, b"redis");
+    }
+
+    #[tokio::test]
     async fn throttles_cuts_and_refuses() {
         let proxy = FaultProxy::start(echo_server().await).await;
         let mut s = TcpStream::connect(proxy.address()).await.unwrap();
