@@ -830,6 +830,9 @@ mod tests {
         c.agents.git.username = Some("kas".into());
         assert!(c.validate().unwrap_err().to_string().contains("agents.git.password_file"));
         let mut c = Config::parse(example()).unwrap();
+        c.kas_internal.peer_ping_timeout = Duration::ZERO;
+        assert!(c.validate().unwrap_err().to_string().contains("kas_internal.peer_ping_timeout"));
+        let mut c = Config::parse(example()).unwrap();
         c.agents.git.fetch_timeout = Duration::ZERO;
         assert!(c.validate().unwrap_err().to_string().contains("agents.git.fetch_timeout"));
     }
