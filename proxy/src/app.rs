@@ -276,7 +276,10 @@ impl App {
         let instance = KasInstanceInfo {
             version: crate::VERSION.to_owned(),
             commit: crate::COMMIT.to_owned(),
-            address: Some(KasAddress { ip: advertised_ip.to_string(), port: u32::from(addresses.internal.port()) }),
+            address: Some(KasAddress {
+                ip: advertised_ip.to_string(),
+                port: u32::from(config.kas_internal.advertise_port.unwrap_or(addresses.internal.port())),
+            }),
             instance_id: new_instance_id(),
         };
         let timing = config.registry.timing();
@@ -349,7 +352,8 @@ impl Bound {
             Some(t) => Peers::new(internal_secret.clone()).with_tls(internal_client_tls(t)?),
             None => Peers::new(internal_secret.clone()),
         };
-        let peers = Arc::new(peers);
+        let peers =
+            Arc::new(peers.with_ping(config.kas_internal.peer_ping_interval, config.kas_internal.peer_ping_timeout));
         let router = Router::new(tunnels.clone(), registry.clone(), peers, config.routing.max_wait)
             .with_limits(config.routing.max_concurrent_requests, config.routing.max_concurrent_requests_per_agent);
         // Alive before the first agent registers, so peers do not ignore its records.

@@ -283,7 +283,13 @@ impl Default for AgentGitConfig {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+/// Peer connections ping this long after they last received anything (while a forward is
+/// open): a hung kas is noticed in interval + timeout, well inside a request's budget.
+pub const DEFAULT_PEER_PING_INTERVAL: Duration = Duration::from_secs(1);
+/// An unanswered ping closes the peer connection; its requests move to another connection.
+pub const DEFAULT_PEER_PING_TIMEOUT: Duration = Duration::from_secs(2);
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KasInternalConfig {
     /// File with the base64 secret shared only among kas instances. Required.
@@ -292,6 +298,18 @@ pub struct KasInternalConfig {
     /// the bound IP, which must then not be a wildcard (0.0.0.0 / ::) when Redis is used.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub advertise_ip: Option<std::net::IpAddr>,
+    /// The port other kas use to reach the internal listener, when it differs from the bound
+    /// one (a port mapping or proxy in between). Default: the bound port.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub advertise_port: Option<u16>,
+    /// HTTP/2 pings on connections to other kas, sent when a forward is open and nothing was
+    /// received for this long.
+    #[serde(with = "humantime_serde")]
+    pub peer_ping_interval: Duration,
+    /// A peer that does not answer a ping within this is treated as down: its connection is
+    /// closed, requests waiting on it try the agent's other connections.
+    #[serde(with = "humantime_serde")]
+    pub peer_ping_timeout: Duration,
     /// TLS between kas replicas: the internal listener serves it and peers dial with it
     /// (instead of `listeners.internal.tls`). Off: plaintext (a private network).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -314,6 +332,19 @@ pub struct InternalTlsConfig {
     /// Mutual TLS: the internal listener accepts only clients with a certificate from `ca_file`.
     #[serde(default)]
     pub require_client_certificates: bool,
+}
+
+impl Default for KasInternalConfig {
+    fn default() -> Self {
+        Self {
+            authentication_secret_file: None,
+            advertise_ip: None,
+            advertise_port: None,
+            peer_ping_interval: DEFAULT_PEER_PING_INTERVAL,
+            peer_ping_timeout: DEFAULT_PEER_PING_TIMEOUT,
+            tls: None,
+        }
+    }
 }
 
 fn default_internal_server_name() -> String {
@@ -577,6 +608,14 @@ impl Config {
                 key: "agents.static_file",
                 message: "is required (unless gitlab.address is set)".into(),
             });
+        }
+        for (key, d) in [
+            ("kas_internal.peer_ping_interval", self.kas_internal.peer_ping_interval),
+            ("kas_internal.peer_ping_timeout", self.kas_internal.peer_ping_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(ConfigError::Invalid { key, message: "must be greater than zero".into() });
+            }
         }
         if let Some(address) = &self.gitlab.address {
             let ok = address
@@ -861,6 +900,9 @@ mod tests {
         let mut c = Config::parse(example()).unwrap();
         c.agents.git.username = Some("kas".into());
         assert!(c.validate().unwrap_err().to_string().contains("agents.git.password_file"));
+        let mut c = Config::parse(example()).unwrap();
+        c.kas_internal.peer_ping_timeout = Duration::ZERO;
+        assert!(c.validate().unwrap_err().to_string().contains("kas_internal.peer_ping_timeout"));
         let mut c = Config::parse(example()).unwrap();
         c.agents.git.fetch_timeout = Duration::ZERO;
         assert!(c.validate().unwrap_err().to_string().contains("agents.git.fetch_timeout"));

@@ -15,6 +15,7 @@ pub const ROUTED: &str = "kas_routed_requests_total";
 pub const ROUTE_DURATION: &str = "kas_route_duration_seconds";
 pub const ROUTE_WAIT: &str = "kas_route_wait_seconds";
 pub const PEER_ERRORS: &str = "kas_peer_forward_errors_total";
+pub const PEER_STATE_CHANGES: &str = "kas_peer_state_changes_total";
 pub const REGISTRY_OPERATIONS: &str = "kas_registry_operations_total";
 pub const REGISTRY_ERRORS: &str = "kas_registry_errors_total";
 pub const CONNECTIONS: &str = "kas_agent_connections";
@@ -83,7 +84,14 @@ fn describe() {
         metrics::Unit::Seconds,
         "Time requests waited for their agent to connect (outcomes waited and timed_out)"
     );
-    metrics::describe_counter!(PEER_ERRORS, "kas -> kas forwards that failed, by reason (not_here, unavailable)");
+    metrics::describe_counter!(
+        PEER_ERRORS,
+        "kas -> kas forwards that failed or were skipped, by reason (not_here, down, unavailable)"
+    );
+    metrics::describe_counter!(
+        PEER_STATE_CHANGES,
+        "Other kas marked down or up again by this kas, by state (down, up)"
+    );
     metrics::describe_counter!(REGISTRY_OPERATIONS, "Registry operations, by operation");
     metrics::describe_counter!(REGISTRY_ERRORS, "Registry operations that failed (e.g. Redis errors), by operation");
     metrics::describe_gauge!(CONNECTIONS, "Agent connections (GetConfiguration streams) held by this kas");
@@ -116,6 +124,11 @@ pub fn routed(method: &str, outcome: RouteOutcome, took: Duration) {
 
 pub fn peer_error(reason: &'static str) {
     metrics::counter!(PEER_ERRORS, "reason" => reason).increment(1);
+}
+
+/// A peer kas was marked `down` (a forward failed at the transport) or `up` (a probe answered).
+pub fn peer_state_changed(state: &'static str) {
+    metrics::counter!(PEER_STATE_CHANGES, "state" => state).increment(1);
 }
 
 pub fn registry_operation(operation: &'static str, ok: bool) {

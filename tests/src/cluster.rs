@@ -355,8 +355,12 @@ impl Cluster {
 
     /// Starts another kas sharing the registry (appended to `self.kas` by the caller).
     pub async fn start_kas(&self) -> KasHandle {
-        let bound =
-            kas::App::new(self.config.clone()).with_memory_store(self.store.clone()).bind().await.expect("bind kas");
+        self.start_kas_with(self.config.clone()).await
+    }
+
+    /// Starts another kas with its own configuration (e.g. `c.config` with one key changed).
+    pub async fn start_kas_with(&self, config: kas::Config) -> KasHandle {
+        let bound = kas::App::new(config).with_memory_store(self.store.clone()).bind().await.expect("bind kas");
         let addresses = bound.addresses();
         let handle = bound.handle();
         let registry = handle.registry().clone();

@@ -4,6 +4,7 @@
 pub mod cluster;
 pub mod fake_gitlab;
 pub mod fake_kube;
+pub mod fault_proxy;
 pub mod git_http;
 pub mod process;
 pub mod redis_server;
@@ -11,6 +12,7 @@ pub mod redis_server;
 pub use cluster::{AgentkHandle, Cluster, ClusterBuilder, KasHandle};
 pub use fake_gitlab::FakeGitlab;
 pub use fake_kube::FakeKube;
+pub use fault_proxy::{FaultProxy, ProxyTarget};
 pub use git_http::{GitHttpOptions, GitHttpServer, GitRepo};
 pub use process::{KasProcess, Process, workspace_binary};
 pub use redis_server::RedisServer;

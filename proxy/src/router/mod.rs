@@ -197,6 +197,8 @@ impl Router {
         let deadline = started + wait;
         // Subscribe before scanning: a connection that appears after the scan wakes us.
         let mut events = self.registry.subscribe();
+        // A peer coming back up may hold the agent's only other connection.
+        let mut peer_up = self.peers.watch_up();
         if let Some(t) = self.tunnels.find_now(target.query()).await.map_err(|_| KasError::ShuttingDown)? {
             return Ok(self.routed(target, t.io, RouteOutcome::Local, started));
         }
@@ -223,6 +225,7 @@ impl Router {
                     Err(RecvError::Lagged(_)) => true,
                     Err(RecvError::Closed) => false,
                 },
+                Ok(()) = peer_up.changed() => true,
                 () = tokio::time::sleep_until(rescan_at) => {
                     rescan_at = Instant::now() + RESCAN_INTERVAL;
                     true
@@ -278,6 +281,11 @@ impl Router {
                 Err(PeerError::NotHere) => {
                     crate::metrics::peer_error("not_here");
                     tracing::debug!(agent_id = %target.agent_id, connection_id = candidate.connection_id, "peer does not hold the connection");
+                }
+                Err(PeerError::Down) => {
+                    // Logged once per state change by `Peers`; the next connection is tried.
+                    crate::metrics::peer_error("down");
+                    tracing::debug!(agent_id = %target.agent_id, kas = %candidate.kas_instance_id, "peer kas down; skipped");
                 }
                 Err(PeerError::Unavailable(e)) => {
                     crate::metrics::peer_error("unavailable");

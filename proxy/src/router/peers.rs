@@ -1,20 +1,30 @@
 //! Connections to other kas instances (KasInternal), reused across requests: one lazily
 //! connected channel per peer address, never a dial per request.
+//!
+//! Peer health: a forward that fails at the transport (connection refused or reset, or an
+//! HTTP/2 keepalive ping unanswered within `peer_ping_timeout`) marks the peer down. Requests
+//! skip a down peer without dialing it; one task per down peer probes it with backoff and marks
+//! it up again. Each change of state is logged once (and counted), never once per request.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
+use std::error::Error as _;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures::StreamExt;
 use kas_proto::kas::ConnectedAgentInfo;
 use kas_proto::kas::kas_internal_client::KasInternalClient;
 use kas_proto::metadata::{AUTHORIZATION, HOP_AGENT_ID, HOP_CONNECTION_ID, HOP_METHOD};
-use tokio::sync::mpsc;
+use kas_proto::tunnel::pb::ConnectResponse;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::auth::jwt::{KAS_AUDIENCE, KAS_ISSUER};
 use crate::auth::{Secret, mint_jwt};
+use crate::config::{DEFAULT_PEER_PING_INTERVAL, DEFAULT_PEER_PING_TIMEOUT};
 use crate::error::KasError;
 use crate::tunnel::TunnelIo;
 
@@ -24,59 +34,117 @@ const PEER_TOKEN_TTL: Duration = Duration::from_secs(60);
 const PEER_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Frames buffered towards the gateway kas; HTTP/2 flow control does the rest.
 const PEER_SEND_BUFFER: usize = 16;
+/// A down peer is probed after this, doubling per failed probe up to the cap (±20 % jitter):
+/// a dead kas costs each peer at most a few dials per second, a revived one is used again
+/// within the cap.
+const PEER_RETRY_BASE: Duration = Duration::from_millis(250);
+const PEER_RETRY_CAP: Duration = Duration::from_secs(2);
+/// A probe is one round trip through the peer's gRPC stack; a live kas answers in milliseconds.
+const PEER_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// A peer that is down and that no request wanted for this long is forgotten (its probes stop,
+/// its channel is dropped): a kas that went away for good costs nothing after a minute.
+const PEER_FORGET_AFTER: Duration = Duration::from_secs(60);
 
-/// Why a peer could not take a request; the router tries the next connection in both cases.
+/// Why a peer could not take a request; the router tries the next connection in every case
+/// but `Failed`.
 #[derive(Debug)]
 pub enum PeerError {
     /// The peer does not hold the connection (any more).
     NotHere,
-    /// The peer is unreachable or failed.
+    /// The peer is down (known before, or this attempt failed at the transport and marked it):
+    /// logged once per state change by `Peers`, not per request.
+    Down,
+    /// The peer answered that it cannot serve the request now.
     Unavailable(String),
     /// The peer answered with an error the caller should see (e.g. its wait ran out).
     Failed(KasError),
 }
 
-pub struct Peers {
+struct Peer {
+    channel: Channel,
+    /// `Some` while the peer is down (a probe task is running for it).
+    down: Option<Down>,
+}
+
+struct Down {
+    since: Instant,
+    /// The last time a request skipped this peer (it is forgotten when nobody wants it).
+    last_wanted: Instant,
+}
+
+struct Shared {
     secret: Secret,
     /// TLS towards peers (`kas_internal.tls`), plaintext when absent.
     tls: Option<tonic::transport::ClientTlsConfig>,
-    /// Address -> channel. A cache behind a lock held only for a map lookup (never across an
-    /// await); channels themselves are cheap clones sharing one HTTP/2 connection.
-    channels: Mutex<HashMap<String, Channel>>,
+    ping_interval: Duration,
+    ping_timeout: Duration,
+    /// Address -> peer. A lock held only for map operations (never across an await); channels
+    /// are cheap clones sharing one HTTP/2 connection.
+    peers: Mutex<HashMap<String, Peer>>,
+    /// Bumped each time a peer comes back up: requests waiting for an agent look again.
+    up: watch::Sender<u64>,
+    /// Ends the probe tasks when `Peers` is dropped.
+    stop: CancellationToken,
+}
+
+pub struct Peers {
+    shared: Arc<Shared>,
+}
+
+impl Drop for Peers {
+    fn drop(&mut self) {
+        self.shared.stop.cancel();
+    }
 }
 
 impl Peers {
     pub fn new(secret: Secret) -> Self {
-        Self { secret, tls: None, channels: Mutex::default() }
+        Self {
+            shared: Arc::new(Shared {
+                secret,
+                tls: None,
+                ping_interval: DEFAULT_PEER_PING_INTERVAL,
+                ping_timeout: DEFAULT_PEER_PING_TIMEOUT,
+                peers: Mutex::default(),
+                up: watch::channel(0).0,
+                stop: CancellationToken::new(),
+            }),
+        }
+    }
+
+    /// A `Peers` with the same settings but `edit` applied (only while building: no peer state
+    /// is carried over).
+    fn rebuild(self, edit: impl FnOnce(&mut Shared)) -> Self {
+        let old = &self.shared;
+        let mut shared = Shared {
+            secret: old.secret.clone(),
+            tls: old.tls.clone(),
+            ping_interval: old.ping_interval,
+            ping_timeout: old.ping_timeout,
+            peers: Mutex::default(),
+            up: watch::channel(0).0,
+            stop: CancellationToken::new(),
+        };
+        edit(&mut shared);
+        Self { shared: Arc::new(shared) }
     }
 
     /// Dials peers with TLS (verifying their certificate, presenting this kas's).
-    pub fn with_tls(mut self, tls: tonic::transport::ClientTlsConfig) -> Self {
-        self.tls = Some(tls);
-        self
+    pub fn with_tls(self, tls: tonic::transport::ClientTlsConfig) -> Self {
+        self.rebuild(|s| s.tls = Some(tls))
     }
 
-    fn channel(&self, address: &str) -> Result<Channel, PeerError> {
-        let mut channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(c) = channels.get(address) {
-            return Ok(c.clone());
-        }
-        let scheme = if self.tls.is_some() { "https" } else { "http" };
-        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))
-            .map_err(|e| PeerError::Unavailable(format!("bad peer address {address}: {e}")))?;
-        if let Some(tls) = &self.tls {
-            endpoint = endpoint
-                .tls_config(tls.clone())
-                .map_err(|e| PeerError::Unavailable(format!("peer TLS configuration: {e}")))?;
-        }
-        let channel = endpoint
-            .connect_timeout(PEER_CONNECT_TIMEOUT)
-            .http2_keep_alive_interval(Duration::from_secs(20))
-            .keep_alive_timeout(Duration::from_secs(10))
-            .tcp_nodelay(true)
-            .connect_lazy();
-        channels.insert(address.to_owned(), channel.clone());
-        Ok(channel)
+    /// HTTP/2 keepalive towards peers (`kas_internal.peer_ping_interval` / `_timeout`).
+    pub fn with_ping(self, interval: Duration, timeout: Duration) -> Self {
+        self.rebuild(|s| {
+            s.ping_interval = interval;
+            s.ping_timeout = timeout;
+        })
+    }
+
+    /// Changes each time a down peer comes back up.
+    pub fn watch_up(&self) -> watch::Receiver<u64> {
+        self.shared.up.subscribe()
     }
 
     /// Opens a forwarded tunnel to the kas holding `connection`. Returns once that kas has
@@ -93,11 +161,11 @@ impl Peers {
             .as_ref()
             .map(|a| if a.ip.contains(':') { format!("[{}]:{}", a.ip, a.port) } else { format!("{}:{}", a.ip, a.port) })
             .ok_or_else(|| PeerError::Unavailable("connection record without a kas address".into()))?;
-        let mut client = KasInternalClient::new(self.channel(&address)?);
+        let channel = self.shared.channel_if_up(&address)?;
+        let mut client = KasInternalClient::new(channel);
         let (tx, rx) = mpsc::channel(PEER_SEND_BUFFER);
         let mut request = tonic::Request::new(ReceiverStream::new(rx));
-        let token = mint_jwt(&self.secret, KAS_ISSUER, KAS_AUDIENCE, PEER_TOKEN_TTL)
-            .map_err(|e| PeerError::Unavailable(e.to_string()))?;
+        let token = self.shared.token()?;
         let md = request.metadata_mut();
         let mut insert = |key: &'static str, value: String| {
             if let Ok(v) = value.parse() {
@@ -109,10 +177,15 @@ impl Peers {
         insert(HOP_CONNECTION_ID, connection.connection_id.to_string());
         insert(HOP_METHOD, method.to_owned());
         // Bounds the gateway's wait for a free tunnel (it ends at the response headers; the
-        // stream itself is not limited, so long watches are not cut).
+        // stream itself is not limited, so long watches are not cut). A hung gateway is not
+        // waited for until then: the keepalive ping closes its connection first.
         request.set_timeout(wait);
         match client.forward_tunnel(request).await {
             Ok(response) => Ok(TunnelIo::remote(tx, response.into_inner().boxed())),
+            Err(status) if is_transport_failure(&status) => {
+                Shared::mark_down(&self.shared, &address, &status);
+                Err(PeerError::Down)
+            }
             Err(status) => Err(match status.code() {
                 tonic::Code::NotFound => PeerError::NotHere,
                 tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled | tonic::Code::Internal => {
@@ -121,5 +194,154 @@ impl Peers {
                 code => PeerError::Failed(KasError::AgentError { code, message: status.message().to_owned() }),
             }),
         }
+    }
+}
+
+/// A status tonic made from a connection failure (refused, reset, keepalive timeout), as
+/// opposed to one the peer sent: those carry the underlying error as their source. The
+/// client-side deadline of the headers is not the peer's failure.
+fn is_transport_failure(status: &tonic::Status) -> bool {
+    let mut source = status.source();
+    if source.is_none() {
+        return false;
+    }
+    while let Some(e) = source {
+        if e.is::<tonic::TimeoutExpired>() {
+            return false;
+        }
+        source = e.source();
+    }
+    true
+}
+
+impl Shared {
+    fn token(&self) -> Result<String, PeerError> {
+        mint_jwt(&self.secret, KAS_ISSUER, KAS_AUDIENCE, PEER_TOKEN_TTL)
+            .map_err(|e| PeerError::Unavailable(e.to_string()))
+    }
+
+    /// The peer's channel, or `Down` without dialing when it is known to be down.
+    fn channel_if_up(&self, address: &str) -> Result<Channel, PeerError> {
+        let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(p) = peers.get_mut(address) {
+            return match &mut p.down {
+                Some(down) => {
+                    down.last_wanted = Instant::now();
+                    Err(PeerError::Down)
+                }
+                None => Ok(p.channel.clone()),
+            };
+        }
+        let channel = self.new_channel(address)?;
+        peers.insert(address.to_owned(), Peer { channel: channel.clone(), down: None });
+        Ok(channel)
+    }
+
+    fn new_channel(&self, address: &str) -> Result<Channel, PeerError> {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))
+            .map_err(|e| PeerError::Unavailable(format!("bad peer address {address}: {e}")))?;
+        if let Some(tls) = &self.tls {
+            endpoint = endpoint
+                .tls_config(tls.clone())
+                .map_err(|e| PeerError::Unavailable(format!("peer TLS configuration: {e}")))?;
+        }
+        // Pings only while a forward is open (not while idle): the cost is per peer connection
+        // in use, independent of the number of agents.
+        Ok(endpoint
+            .connect_timeout(PEER_CONNECT_TIMEOUT)
+            .http2_keep_alive_interval(self.ping_interval)
+            .keep_alive_timeout(self.ping_timeout)
+            .tcp_nodelay(true)
+            .connect_lazy())
+    }
+
+    /// Marks the peer down (once: later failures while down change nothing) and starts probing it.
+    fn mark_down(shared: &Arc<Self>, address: &str, status: &tonic::Status) {
+        {
+            let mut peers = shared.peers.lock().unwrap_or_else(PoisonError::into_inner);
+            let Some(p) = peers.get_mut(address) else { return };
+            if p.down.is_some() {
+                return;
+            }
+            let now = Instant::now();
+            p.down = Some(Down { since: now, last_wanted: now });
+        }
+        tracing::warn!(peer = %address, error = %status.message(), "peer kas down; skipping it and re-dialing with backoff");
+        crate::metrics::peer_state_changed("down");
+        tokio::spawn(probe_until_up(shared.clone(), address.to_owned()));
+    }
+
+    /// One round trip through the peer's gRPC stack: a ForwardTunnel without hop metadata,
+    /// which a live kas refuses at once (INVALID_ARGUMENT) after checking the JWT. Any answer
+    /// the peer sends means it is up.
+    async fn probe(&self, channel: Channel) -> bool {
+        let Ok(token) = self.token() else { return false };
+        let mut request = tonic::Request::new(futures::stream::empty::<ConnectResponse>());
+        if let Ok(v) = format!("Bearer {token}").parse() {
+            request.metadata_mut().insert(AUTHORIZATION, v);
+        }
+        let mut client = KasInternalClient::new(channel);
+        match tokio::time::timeout(PEER_PROBE_TIMEOUT, client.forward_tunnel(request)).await {
+            Ok(Ok(_)) => true,
+            Ok(Err(status)) => !is_transport_failure(&status),
+            Err(_) => false,
+        }
+    }
+}
+
+/// Probes a down peer with backoff until it answers (then marks it up), nobody has wanted it
+/// for `PEER_FORGET_AFTER` (then forgets it), or kas stops.
+async fn probe_until_up(shared: Arc<Shared>, address: String) {
+    let mut ceiling = PEER_RETRY_BASE;
+    loop {
+        let delay = ceiling.mul_f64(0.8 + 0.4 * rand::random::<f64>());
+        tokio::select! {
+            () = shared.stop.cancelled() => return,
+            () = tokio::time::sleep(delay) => {}
+        }
+        let channel = {
+            let mut peers = shared.peers.lock().unwrap_or_else(PoisonError::into_inner);
+            match peers.get(&address) {
+                Some(Peer { down: Some(down), .. }) if down.last_wanted.elapsed() >= PEER_FORGET_AFTER => {
+                    peers.remove(&address);
+                    tracing::debug!(peer = %address, "forgetting a peer kas nobody needs");
+                    return;
+                }
+                Some(p) => p.channel.clone(),
+                None => return,
+            }
+        };
+        if shared.probe(channel).await {
+            let down_for = {
+                let mut peers = shared.peers.lock().unwrap_or_else(PoisonError::into_inner);
+                peers.get_mut(&address).and_then(|p| p.down.take()).map(|d| d.since.elapsed())
+            };
+            if let Some(down_for) = down_for {
+                tracing::info!(peer = %address, ?down_for, "peer kas up again");
+                crate::metrics::peer_state_changed("up");
+                shared.up.send_modify(|n| *n = n.wrapping_add(1));
+            }
+            return;
+        }
+        ceiling = (ceiling * 2).min(PEER_RETRY_CAP);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_connection_failures_count_against_a_peer() {
+        // What the peer answered (grpc-status): no source.
+        assert!(!is_transport_failure(&tonic::Status::unavailable("agent 1 is not connected")));
+        // What tonic made of a refused or reset connection: the error is its source.
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        assert!(is_transport_failure(&tonic::Status::from_error(Box::new(refused))));
+        // Our own deadline for the headers ran out: not the peer's failure.
+        let expired = tonic::Status::from_error(Box::new(tonic::TimeoutExpired(())));
+        assert!(expired.source().is_some());
+        assert!(!is_transport_failure(&expired));
     }
 }
