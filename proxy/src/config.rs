@@ -47,6 +47,8 @@ pub struct Config {
     pub agent_connections: AgentConnectionsConfig,
     pub limits: LimitsConfig,
     pub rest: RestConfig,
+    /// Bounds on credentials (JWT lifetime, failed agent authentications).
+    pub auth: crate::auth::AuthConfig,
 }
 
 /// Agent configurations (Git) are re-read this often per open presence stream.
@@ -641,6 +643,7 @@ impl Config {
             ("registry.heartbeat_ttl", self.registry.heartbeat_ttl),
             ("registry.heartbeat_period", self.registry.heartbeat_period),
             ("agent_connections.max_age", self.agent_connections.max_age),
+            ("auth.jwt_max_lifetime", self.auth.jwt_max_lifetime),
         ];
         for (key, d) in nonzero {
             if d.is_zero() {
@@ -670,6 +673,11 @@ impl Config {
             ("limits.agent_connections_per_minute", self.limits.agent_connections_per_minute as usize),
             ("limits.max_grpc_message_bytes", self.limits.max_grpc_message_bytes),
             ("limits.max_http_header_bytes", self.limits.max_http_header_bytes),
+            (
+                "auth.failed_agent_authentications.per_second",
+                self.auth.failed_agent_authentications.per_second as usize,
+            ),
+            ("auth.failed_agent_authentications.burst", self.auth.failed_agent_authentications.burst as usize),
         ] {
             if v == 0 {
                 return Err(ConfigError::Invalid { key, message: "must be at least 1".into() });
