@@ -136,17 +136,17 @@ impl JwtVerifier {
     /// `iat` not in the future (beyond the skew) and a lifetime within the maximum.
     fn check_lifetime(&self, claims: &Claims, now: u64) -> Result<(), (&'static str, String)> {
         let max = self.max_lifetime.as_secs();
-        if let Some(iat) = claims.iat {
-            if iat > now.saturating_add(LEEWAY_SECS) {
-                return Err((
-                    "iat_in_future",
-                    format!(
-                        "token issued in the future (iat is {}s ahead of this kas's clock; at most {LEEWAY_SECS}s of \
+        if let Some(iat) = claims.iat
+            && iat > now.saturating_add(LEEWAY_SECS)
+        {
+            return Err((
+                "iat_in_future",
+                format!(
+                    "token issued in the future (iat is {}s ahead of this kas's clock; at most {LEEWAY_SECS}s of \
                          clock skew is tolerated)",
-                        iat - now
-                    ),
-                ));
-            }
+                    iat - now
+                ),
+            ));
         }
         // Without iat the token could have been minted any time: count from now.
         let (start, basis) = match claims.iat {
