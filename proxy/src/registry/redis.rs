@@ -48,6 +48,9 @@ pub const DEFAULT_KEY_PREFIX: &str = "kas";
 const SUBSCRIBE_BACKOFF_CAP: Duration = Duration::from_millis(500);
 /// Longest pause between attempts of a resync that failed (Redis flapping).
 const RESYNC_BACKOFF_CAP: Duration = Duration::from_secs(1);
+/// Resyncs (each announcing every record of this kas) run at most this often: a flapping Redis
+/// must not turn every failed call into a burst of events.
+const RESYNC_MIN_INTERVAL: Duration = Duration::from_secs(1);
 
 /// `registry.redis` in the kas config.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -559,6 +562,11 @@ async fn resync_task(inner: Arc<Inner>, stop: CancellationToken) {
                 () = tokio::time::sleep(delay) => {}
             }
             delay = (delay * 2).min(RESYNC_BACKOFF_CAP);
+        }
+        // A trigger meanwhile is kept (Notify stores one permit) and served after the pause.
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(RESYNC_MIN_INTERVAL) => {}
         }
     }
 }
