@@ -643,7 +643,6 @@ impl Config {
             ("registry.heartbeat_ttl", self.registry.heartbeat_ttl),
             ("registry.heartbeat_period", self.registry.heartbeat_period),
             ("agent_connections.max_age", self.agent_connections.max_age),
-            ("auth.jwt_max_lifetime", self.auth.jwt_max_lifetime),
         ];
         for (key, d) in nonzero {
             if d.is_zero() {
@@ -682,6 +681,12 @@ impl Config {
             if v == 0 {
                 return Err(ConfigError::Invalid { key, message: "must be at least 1".into() });
             }
+        }
+        if self.auth.jwt_max_lifetime < crate::auth::jwt::MIN_JWT_MAX_LIFETIME {
+            return Err(ConfigError::Invalid {
+                key: "auth.jwt_max_lifetime",
+                message: "must be at least 1m (GitLab's tokens and kas -> kas tokens live a minute)".into(),
+            });
         }
         if self.registry.heartbeat_period >= self.registry.heartbeat_ttl {
             return Err(ConfigError::Invalid {

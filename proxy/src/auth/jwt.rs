@@ -32,6 +32,8 @@ pub const LEEWAY_SECS: u64 = 5;
 /// 60 s; an hour also admits `kas mint-jwt` tokens (1 h by default) used by hand with kubectl,
 /// while a leaked or far-`exp` token stops working within the hour.
 pub const DEFAULT_JWT_MAX_LIFETIME: Duration = Duration::from_secs(3600);
+/// The maximum may not be set below the lifetime of the tokens GitLab and kas mint.
+pub const MIN_JWT_MAX_LIFETIME: Duration = Duration::from_secs(60);
 
 /// `aud`: one audience or several (RFC 7519 §4.1.3).
 #[derive(Debug, Serialize, Deserialize)]

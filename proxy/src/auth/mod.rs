@@ -38,3 +38,29 @@ impl Default for AuthConfig {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::config::Config;
+
+    fn example() -> Config {
+        Config::parse(include_str!("../../config.example.yaml")).unwrap()
+    }
+
+    #[test]
+    fn auth_limits_are_validated_with_their_key() {
+        let mut c = example();
+        c.auth.jwt_max_lifetime = Duration::from_secs(30);
+        assert!(c.validate().unwrap_err().to_string().contains("auth.jwt_max_lifetime"));
+        let mut c = example();
+        c.auth.failed_agent_authentications.burst = 0;
+        assert!(c.validate().unwrap_err().to_string().contains("auth.failed_agent_authentications.burst"));
+        let c = Config::parse("auth:\n  jwt_max_lifetime: 10m\n  failed_agent_authentications:\n    per_second: 5\n")
+            .unwrap();
+        assert_eq!(c.auth.jwt_max_lifetime, Duration::from_secs(600));
+        assert_eq!(c.auth.failed_agent_authentications.per_second, 5);
+        assert_eq!(c.auth.failed_agent_authentications.burst, super::failures::DEFAULT_FAILED_AGENT_AUTH_BURST);
+    }
+}
