@@ -10,6 +10,7 @@
 //! ([`DEFAULT_JWT_MAX_LIFETIME`]), so a leaked token (or one minted with a far `exp`) stops
 //! working soon. Refusals are counted (`kas_auth_failures_total`) and logged, rate-limited.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -114,25 +115,36 @@ impl JwtVerifier {
 
     /// Verifies `Bearer <jwt>` from an `authorization` value.
     pub fn verify_authorization(&self, authorization: Option<&str>) -> Result<(), KasError> {
+        self.verify_authorization_from(None, authorization)
+    }
+
+    /// [`Self::verify_authorization`], naming the caller's address in the refusal log.
+    pub fn verify_authorization_from(&self, peer: Option<IpAddr>, authorization: Option<&str>) -> Result<(), KasError> {
         let Some(raw) = authorization else {
-            return Err(self.refused("missing_token", "missing authorization: expected \"Bearer <JWT>\"".into()));
+            let message = "missing authorization: expected \"Bearer <JWT>\"".into();
+            return Err(self.refused(peer, "missing_token", message));
         };
         let Some(token) = kas_proto::metadata::bearer_token(Some(raw)) else {
-            return Err(self.refused("malformed", "malformed authorization: expected \"Bearer <JWT>\"".into()));
+            let message = "malformed authorization: expected \"Bearer <JWT>\"".into();
+            return Err(self.refused(peer, "malformed", message));
         };
-        self.verify(token)
+        self.verify_from(peer, token)
     }
 
     pub fn verify(&self, token: &str) -> Result<(), KasError> {
+        self.verify_from(None, token)
+    }
+
+    fn verify_from(&self, peer: Option<IpAddr>, token: &str) -> Result<(), KasError> {
         let claims = match jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation) {
             Ok(data) => data.claims,
             Err(e) => {
                 let (reason, why) = self.describe(e.kind());
-                return Err(self.refused(reason, why));
+                return Err(self.refused(peer, reason, why));
             }
         };
         self.check_lifetime(&claims, jsonwebtoken::get_current_timestamp())
-            .map_err(|(reason, why)| self.refused(reason, format!("invalid JWT: {why}")))
+            .map_err(|(reason, why)| self.refused(peer, reason, format!("invalid JWT: {why}")))
     }
 
     /// `iat` not in the future (beyond the skew) and a lifetime within the maximum.
@@ -170,8 +182,8 @@ impl JwtVerifier {
     }
 
     /// Counts and logs (rate-limited) a refusal; the token itself is never logged.
-    fn refused(&self, reason: &'static str, message: String) -> KasError {
-        self.failures.record(None, reason);
+    fn refused(&self, peer: Option<IpAddr>, reason: &'static str, message: String) -> KasError {
+        self.failures.record(peer, reason);
         KasError::Unauthenticated(message)
     }
 
