@@ -371,6 +371,7 @@ impl Bound {
             shutdown: shutdown.clone(),
             max_connection_age: config.agent_connections.max_age,
             connections_per_minute: config.limits.agent_connections_per_minute,
+            auth_failures: Arc::new(crate::server::agent::AuthFailures::new(&config.auth.failed_agent_authentications)),
         };
         let incoming = |l: TcpListener| TcpIncoming::from(l).with_nodelay(Some(true));
         let max_message = config.limits.max_grpc_message_bytes;
@@ -387,13 +388,19 @@ impl Bound {
             builder("api", tls.api)?
                 .add_service(InterceptedService::new(
                     KasApiServer::new(ApiService { router: router.clone() }).max_decoding_message_size(max_message),
-                    jwt_interceptor(JwtVerifier::gitlab(&gitlab_secret)),
+                    jwt_interceptor(
+                        JwtVerifier::gitlab(&gitlab_secret)
+                            .with_max_lifetime(config.auth.jwt_max_lifetime)
+                            .for_listener("api"),
+                    ),
                 ))
                 .serve_with_incoming_shutdown(incoming(api), shutdown.clone().cancelled_owned()),
         );
         let rest_state = RestState {
             router: router.clone(),
-            verifier: JwtVerifier::gitlab(&gitlab_secret),
+            verifier: JwtVerifier::gitlab(&gitlab_secret)
+                .with_max_lifetime(config.auth.jwt_max_lifetime)
+                .for_listener("rest"),
             config: config.rest.clone(),
         };
         // HTTP/1.1 and HTTP/2, upgrades, optional TLS; on shutdown it stops accepting and lets
@@ -424,7 +431,11 @@ impl Bound {
             builder("internal", tls.internal)?
                 .add_service(InterceptedService::new(
                     KasInternalServer::new(InternalService { router }).max_decoding_message_size(max_message),
-                    jwt_interceptor(JwtVerifier::internal(&internal_secret)),
+                    jwt_interceptor(
+                        JwtVerifier::internal(&internal_secret)
+                            .with_max_lifetime(config.auth.jwt_max_lifetime)
+                            .for_listener("internal"),
+                    ),
                 ))
                 .serve_with_incoming_shutdown(incoming(internal), shutdown.clone().cancelled_owned()),
         );

@@ -50,6 +50,8 @@ pub struct Config {
     pub agent_connections: AgentConnectionsConfig,
     pub limits: LimitsConfig,
     pub rest: RestConfig,
+    /// Bounds on credentials (JWT lifetime, failed agent authentications).
+    pub auth: crate::auth::AuthConfig,
 }
 
 /// Agent configurations (Git) are re-read this often per open presence stream.
@@ -722,10 +724,21 @@ impl Config {
             ("limits.agent_connections_per_minute", self.limits.agent_connections_per_minute as usize),
             ("limits.max_grpc_message_bytes", self.limits.max_grpc_message_bytes),
             ("limits.max_http_header_bytes", self.limits.max_http_header_bytes),
+            (
+                "auth.failed_agent_authentications.per_second",
+                self.auth.failed_agent_authentications.per_second as usize,
+            ),
+            ("auth.failed_agent_authentications.burst", self.auth.failed_agent_authentications.burst as usize),
         ] {
             if v == 0 {
                 return Err(ConfigError::Invalid { key, message: "must be at least 1".into() });
             }
+        }
+        if self.auth.jwt_max_lifetime < crate::auth::jwt::MIN_JWT_MAX_LIFETIME {
+            return Err(ConfigError::Invalid {
+                key: "auth.jwt_max_lifetime",
+                message: "must be at least 1m (GitLab's tokens and kas -> kas tokens live a minute)".into(),
+            });
         }
         if self.registry.heartbeat_period >= self.registry.heartbeat_ttl {
             return Err(ConfigError::Invalid {

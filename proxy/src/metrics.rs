@@ -26,6 +26,7 @@ pub const GITLAB_REQUESTS: &str = "kas_gitlab_requests_total";
 pub const GIT_POLLS: &str = "kas_git_polls_total";
 pub const GIT_POLL_DURATION: &str = "kas_git_poll_duration_seconds";
 pub const PROXIED_BYTES: &str = "kas_proxied_bytes_total";
+pub const AUTH_FAILURES: &str = "kas_auth_failures_total";
 
 /// How a routed request ended (the `outcome` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,6 +107,11 @@ fn describe() {
         "Duration of a configuration repository poll (local read or remote fetch), by repository kind"
     );
     metrics::describe_counter!(PROXIED_BYTES, "Kubernetes API proxy body bytes, by direction (request, response)");
+    metrics::describe_counter!(
+        AUTH_FAILURES,
+        "Refused authentications, by listener (agent, api, rest, internal) and reason (e.g. invalid_token, \
+         expired, rate_limited)"
+    );
 }
 
 pub fn routed(method: &str, outcome: RouteOutcome, took: Duration) {
@@ -158,4 +164,9 @@ pub fn git_poll(ok: bool, remote: bool, took: Duration) {
 
 pub fn proxied_bytes(direction: &'static str, n: usize) {
     metrics::counter!(PROXIED_BYTES, "direction" => direction).increment(n as u64);
+}
+
+/// A refused authentication; `reason` is one of a few fixed words.
+pub fn auth_failure(listener: &'static str, reason: &'static str) {
+    metrics::counter!(AUTH_FAILURES, "listener" => listener, "reason" => reason).increment(1);
 }

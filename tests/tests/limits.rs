@@ -142,3 +142,102 @@ async fn oversized_grpc_messages_and_http_headers_are_refused() {
         .unwrap();
     assert_eq!(resp.status(), 431);
 }
+
+/// Issue 12 item 8: wrong agent tokens are counted, and bounded per peer address: after the
+/// burst (`auth.failed_agent_authentications`, 20 by default) further attempts are refused at once
+/// with RESOURCE_EXHAUSTED, without asking GitLab.
+#[tokio::test]
+async fn wrong_agent_tokens_are_bounded_per_peer_and_do_not_reach_gitlab_beyond_the_burst() {
+    use kas_proto::tunnel::pb::ConfigurationRequest;
+    use kas_proto::tunnel::pb::agent_tunnel_client::AgentTunnelClient;
+    let c = Cluster::builder().gitlab().start().await;
+    let gitlab = c.gitlab.as_ref().unwrap();
+    let mut client = AgentTunnelClient::new(kas_e2e::cluster::channel(c.kas[0].addresses.agent));
+    let before = gitlab.requests();
+    let started = std::time::Instant::now();
+    let (mut unauthenticated, mut exhausted) = (0, 0);
+    let attempts = 60;
+    for i in 0..attempts {
+        let req = ConfigurationRequest { connection_id: 1, ..Default::default() };
+        let err = client.get_configuration(authorized(req, &format!("wrong-token-{i}"))).await.unwrap_err();
+        match err.code() {
+            Code::Unauthenticated => unauthenticated += 1,
+            Code::ResourceExhausted => {
+                assert!(err.message().contains("auth.failed_agent_authentications"), "{}", err.message());
+                exhausted += 1;
+            }
+            other => panic!("unexpected {other:?}: {}", err.message()),
+        }
+    }
+    let took = started.elapsed();
+    let asked_gitlab = gitlab.requests() - before;
+    eprintln!(
+        "{attempts} wrong tokens in {took:?}: {unauthenticated} verified, {exhausted} refused unverified, {asked_gitlab} GitLab requests"
+    );
+    // The burst, plus what refilled (1/s) while the test ran.
+    let allowed = 20 + took.as_secs() as usize + 1;
+    assert!(unauthenticated <= allowed, "{unauthenticated} attempts verified (allowed {allowed})");
+    assert!(asked_gitlab <= allowed, "{asked_gitlab} GitLab requests (allowed {allowed})");
+    assert_eq!(unauthenticated + exhausted, attempts);
+    c.assert_metrics(
+        0,
+        &[
+            r#"kas_auth_failures_total{listener="agent",reason="invalid_token"}"#,
+            r#"kas_auth_failures_total{listener="agent",reason="rate_limited"}"#,
+        ],
+    )
+    .await;
+}
+
+/// Issue 12 item 9 (JWT) across listeners: a far `exp` or a future `iat` is refused on the api
+/// (UNAUTHENTICATED) and rest (401 problem+json) listeners, saying which check failed; an `aud`
+/// array containing `gitlab-kas` is accepted. Refusals are counted per listener.
+#[tokio::test]
+async fn jwt_lifetime_and_audience_checks_on_the_api_and_rest_listeners() {
+    use jsonwebtoken::{Algorithm, EncodingKey, Header};
+    let c = Cluster::builder().start().await;
+    let sign = |claims: serde_json::Value| {
+        jsonwebtoken::encode(
+            &Header::new(Algorithm::HS256),
+            &claims,
+            &EncodingKey::from_secret(c.gitlab_secret.bytes()),
+        )
+        .unwrap()
+    };
+    let now = jsonwebtoken::get_current_timestamp() as i64;
+    let forever =
+        sign(serde_json::json!({"iss": "gitlab", "aud": "gitlab-kas", "iat": now, "exp": 253_402_300_799_i64}));
+    let future = sign(serde_json::json!({"iss": "gitlab", "aud": "gitlab-kas", "iat": now + 3600, "exp": now + 3660}));
+    let array = sign(serde_json::json!({"iss": "gitlab", "aud": ["gitlab-kas", "other"], "iat": now, "exp": now + 60}));
+    let req = || kas_proto::kas::ConnectedAgentsByIdRequest { agent_id: 1 };
+
+    let err = c.api_with_token(0, Some(forever.clone())).connected_agents_by_id(req()).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated);
+    assert!(err.message().contains("lifetime") && err.message().contains("auth.jwt_max_lifetime"), "{}", err.message());
+    let err = c.api_with_token(0, Some(future.clone())).connected_agents_by_id(req()).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated);
+    assert!(err.message().contains("issued in the future"), "{}", err.message());
+    c.api_with_token(0, Some(array.clone())).connected_agents_by_id(req()).await.expect("aud array with gitlab-kas");
+
+    let http = reqwest::Client::new();
+    let url = format!("{}/api/v1/agents/1/connections", c.rest_url(0));
+    for (token, expect) in [(&forever, "lifetime"), (&future, "issued in the future")] {
+        let resp = http.get(&url).bearer_auth(token).send().await.unwrap();
+        assert_eq!(resp.status(), reqwest::StatusCode::UNAUTHORIZED);
+        let content_type = resp.headers()["content-type"].to_str().unwrap().to_owned();
+        assert_eq!(content_type, "application/problem+json");
+        let body = resp.text().await.unwrap();
+        assert!(body.contains(expect), "{body}");
+    }
+    let resp = http.get(&url).bearer_auth(&array).send().await.unwrap();
+    assert_eq!(resp.status(), reqwest::StatusCode::OK, "{}", resp.text().await.unwrap());
+    c.assert_metrics(
+        0,
+        &[
+            r#"kas_auth_failures_total{listener="api",reason="lifetime_too_long"}"#,
+            r#"kas_auth_failures_total{listener="api",reason="iat_in_future"}"#,
+            r#"kas_auth_failures_total{listener="rest",reason="lifetime_too_long"}"#,
+        ],
+    )
+    .await;
+}

@@ -189,6 +189,84 @@ async fn redis_restart_keeps_local_routing_working_and_records_come_back() {
     c.api(0).get_pods(get_pods(1, 0)).await.expect("works after the restart");
 }
 
+/// Issue 12 item 4: Redis restarting empty must not take cross-kas routing out until the next
+/// registry refresh (60 s by default, kept here): the kas holding the agent re-registers as soon
+/// as Redis is back, and a request already waiting on another kas is woken.
+#[tokio::test]
+async fn cross_kas_routing_recovers_within_2s_of_redis_restarting_empty() {
+    let mut c = Cluster::builder()
+        .redis()
+        .kas(2)
+        .configure(|config, _| {
+            config.registry.refresh_period = kas::config::DEFAULT_REGISTRY_REFRESH;
+            config.registry.ttl = kas::config::DEFAULT_REGISTRY_TTL;
+            config.registry.heartbeat_period = kas::config::DEFAULT_HEARTBEAT_PERIOD;
+            config.registry.heartbeat_ttl = kas::config::DEFAULT_HEARTBEAT_TTL;
+        })
+        .start()
+        .await;
+    c.kube.add_pod("default", "p");
+    let _a = c.start_agentk(1, 0, "agentk-0").await;
+    c.api(1).get_pods(get_pods(1, 0)).await.expect("routed via kas 0 before the restart");
+
+    c.redis.as_mut().unwrap().stop().await;
+    // Both kas notice the outage (their registry calls fail).
+    for k in 0..2 {
+        eventually!(
+            c.api(k).connected_agents_by_id(ConnectedAgentsByIdRequest { agent_id: 1 }).await.is_err(),
+            "kas {k} sees Redis down"
+        );
+    }
+    // A request through kas 1 parks while Redis is down (it cannot find the agent).
+    let mut api = c.api(1);
+    let waiting = tokio::spawn(async move {
+        let mut req = tonic::Request::new(get_pods(1, 0));
+        req.set_timeout(Duration::from_secs(15));
+        let r = api.get_pods(req).await;
+        (r, Instant::now())
+    });
+    let handle = c.kas[1].handle.clone();
+    eventually!(handle.tunnel_stats().await.is_some_and(|s| s.waiting_requests == 1), "request parked on kas 1");
+
+    // Measured from before the restart: the moment Redis accepts connections is later.
+    let restarted = Instant::now();
+    c.redis.as_mut().unwrap().start_again().await;
+    let (result, served_at) = waiting.await.unwrap();
+    let waited = served_at - restarted;
+    eprintln!("waiting request served {waited:?} after Redis was restarted");
+    result.expect("the waiting request is served once Redis is back");
+    assert!(waited < Duration::from_secs(2), "waiting request served {waited:?} after Redis came back");
+
+    // New requests through kas 1 work too, each with a short deadline.
+    let mut req = tonic::Request::new(get_pods(1, 0));
+    req.set_timeout(Duration::from_secs(1));
+    c.api(1).get_pods(req).await.expect("new cross-kas request after the restart");
+    assert!(restarted.elapsed() < Duration::from_secs(3), "took {:?}", restarted.elapsed());
+}
+
+/// Redis losing its data without dropping connections (FLUSHALL, eviction): the heartbeat finds
+/// its own key gone and the kas re-registers at once, not at the next refresh (60 s here).
+#[tokio::test]
+async fn a_flushed_redis_is_repopulated_within_a_heartbeat_period() {
+    let c = Cluster::builder()
+        .redis()
+        .kas(2)
+        .configure(|config, _| {
+            config.registry.refresh_period = kas::config::DEFAULT_REGISTRY_REFRESH;
+            config.registry.ttl = kas::config::DEFAULT_REGISTRY_TTL;
+        })
+        .start()
+        .await;
+    let _a = c.start_agentk(1, 0, "agentk-0").await;
+    assert_eq!(c.connections(1, 1).await.len(), 1);
+    let () = c.redis.as_ref().unwrap().query(&redis::cmd("FLUSHALL")).await;
+    let flushed = Instant::now();
+    eventually!(c.connections(1, 1).await.len() == 1, "record rewritten after FLUSHALL");
+    let took = flushed.elapsed();
+    let period = c.config.registry.heartbeat_period;
+    assert!(took < period + Duration::from_secs(1), "took {took:?} (heartbeat period {period:?})");
+}
+
 #[tokio::test]
 async fn routing_metadata_and_credentials_never_reach_agentk() {
     let c = Cluster::builder().redis().kas(2).start().await;

@@ -3,13 +3,22 @@
 //! HS256 only; issuer, audience and expiry are required and checked. `alg: none` and every other
 //! algorithm are rejected. Each listener has its own verifier (its own secret, issuer and
 //! audience), so a token valid on one listener is rejected on another.
+//!
+//! `aud` may be a string or an array containing our audience (RFC 7519 §4.1.3). Tokens must be
+//! short-lived: `iat` may not be more than [`LEEWAY_SECS`] ahead of this kas's clock, and the
+//! lifetime (`exp - iat`, or `exp - now` without `iat`) may not exceed the configured maximum
+//! ([`DEFAULT_JWT_MAX_LIFETIME`]), so a leaked token (or one minted with a far `exp`) stops
+//! working soon. Refusals are counted (`kas_auth_failures_total`) and logged, rate-limited.
 
+use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 
+use super::failures::FailureLog;
 use super::secret::Secret;
 use crate::error::KasError;
 
@@ -18,15 +27,30 @@ pub const GITLAB_ISSUER: &str = "gitlab";
 pub const KAS_AUDIENCE: &str = "gitlab-kas";
 /// Issuer (and audience) of kas -> kas tokens.
 pub const KAS_ISSUER: &str = "gitlab-kas";
-/// Clock skew tolerated on `exp`/`nbf`: small, because tokens are short-lived.
-const LEEWAY_SECS: u64 = 5;
+/// Clock skew tolerated on `exp`/`nbf`/`iat`: small, because tokens are short-lived.
+pub const LEEWAY_SECS: u64 = 5;
+/// Longest accepted JWT lifetime. GitLab mints 1-minute tokens for kas and kas -> kas tokens live
+/// 60 s; an hour also admits `kas mint-jwt` tokens (1 h by default) used by hand with kubectl,
+/// while a leaked or far-`exp` token stops working within the hour.
+pub const DEFAULT_JWT_MAX_LIFETIME: Duration = Duration::from_secs(3600);
+/// The maximum may not be set below the lifetime of the tokens GitLab and kas mint.
+pub const MIN_JWT_MAX_LIFETIME: Duration = Duration::from_secs(60);
+
+/// `aud`: one audience or several (RFC 7519 §4.1.3).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(untagged)]
+enum Audience {
+    One(String),
+    Many(Vec<String>),
+}
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Claims {
     iss: String,
-    aud: String,
+    aud: Audience,
     exp: u64,
-    iat: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    iat: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     nbf: Option<u64>,
 }
@@ -37,6 +61,8 @@ pub struct JwtVerifier {
     validation: Validation,
     issuer: &'static str,
     audience: &'static str,
+    max_lifetime: Duration,
+    failures: Arc<FailureLog>,
 }
 
 impl std::fmt::Debug for JwtVerifier {
@@ -53,7 +79,28 @@ impl JwtVerifier {
         validation.set_required_spec_claims(&["exp", "iss", "aud"]);
         validation.leeway = LEEWAY_SECS;
         validation.validate_nbf = true;
-        Self { key: DecodingKey::from_secret(secret.bytes()), validation, issuer, audience }
+        Self {
+            key: DecodingKey::from_secret(secret.bytes()),
+            validation,
+            issuer,
+            audience,
+            max_lifetime: DEFAULT_JWT_MAX_LIFETIME,
+            failures: Arc::new(FailureLog::new("jwt")),
+        }
+    }
+
+    /// Tokens living longer than this are refused (`auth.jwt_max_lifetime`).
+    #[must_use]
+    pub fn with_max_lifetime(mut self, max_lifetime: Duration) -> Self {
+        self.max_lifetime = max_lifetime;
+        self
+    }
+
+    /// Names the listener in the refusal metric and log (`api`, `rest`, `internal`).
+    #[must_use]
+    pub fn for_listener(mut self, listener: &'static str) -> Self {
+        self.failures = Arc::new(FailureLog::new(listener));
+        self
     }
 
     /// The api listener's verifier: tokens from GitLab.
@@ -68,40 +115,101 @@ impl JwtVerifier {
 
     /// Verifies `Bearer <jwt>` from an `authorization` value.
     pub fn verify_authorization(&self, authorization: Option<&str>) -> Result<(), KasError> {
+        self.verify_authorization_from(None, authorization)
+    }
+
+    /// [`Self::verify_authorization`], naming the caller's address in the refusal log.
+    pub fn verify_authorization_from(&self, peer: Option<IpAddr>, authorization: Option<&str>) -> Result<(), KasError> {
         let Some(raw) = authorization else {
-            return Err(KasError::Unauthenticated("missing authorization: expected \"Bearer <JWT>\"".into()));
+            let message = "missing authorization: expected \"Bearer <JWT>\"".into();
+            return Err(self.refused(peer, "missing_token", message));
         };
-        let token = kas_proto::metadata::bearer_token(Some(raw))
-            .ok_or_else(|| KasError::Unauthenticated("malformed authorization: expected \"Bearer <JWT>\"".into()))?;
-        self.verify(token)
+        let Some(token) = kas_proto::metadata::bearer_token(Some(raw)) else {
+            let message = "malformed authorization: expected \"Bearer <JWT>\"".into();
+            return Err(self.refused(peer, "malformed", message));
+        };
+        self.verify_from(peer, token)
     }
 
     pub fn verify(&self, token: &str) -> Result<(), KasError> {
-        match jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation) {
-            Ok(_) => Ok(()),
-            Err(e) => Err(KasError::Unauthenticated(self.describe(e.kind()))),
-        }
+        self.verify_from(None, token)
     }
 
-    fn describe(&self, kind: &ErrorKind) -> String {
-        let why = match kind {
-            ErrorKind::ExpiredSignature => "token has expired".to_owned(),
-            ErrorKind::ImmatureSignature => "token is not valid yet (nbf)".to_owned(),
-            ErrorKind::InvalidIssuer => format!("wrong issuer, expected \"{}\"", self.issuer),
-            ErrorKind::InvalidAudience => format!("wrong audience, expected \"{}\"", self.audience),
-            ErrorKind::InvalidSignature => "invalid signature".to_owned(),
-            ErrorKind::InvalidAlgorithm | ErrorKind::InvalidAlgorithmName | ErrorKind::UnsupportedAlgorithm => {
-                "algorithm not allowed, expected HS256".to_owned()
+    fn verify_from(&self, peer: Option<IpAddr>, token: &str) -> Result<(), KasError> {
+        let claims = match jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation) {
+            Ok(data) => data.claims,
+            Err(e) => {
+                let (reason, why) = self.describe(e.kind());
+                return Err(self.refused(peer, reason, why));
             }
-            ErrorKind::MissingRequiredClaim(c) => format!("missing required claim \"{c}\""),
-            ErrorKind::InvalidClaimFormat(c) => format!("invalid claim \"{c}\""),
+        };
+        self.check_lifetime(&claims, jsonwebtoken::get_current_timestamp())
+            .map_err(|(reason, why)| self.refused(peer, reason, format!("invalid JWT: {why}")))
+    }
+
+    /// `iat` not in the future (beyond the skew) and a lifetime within the maximum.
+    fn check_lifetime(&self, claims: &Claims, now: u64) -> Result<(), (&'static str, String)> {
+        let max = self.max_lifetime.as_secs();
+        if let Some(iat) = claims.iat
+            && iat > now.saturating_add(LEEWAY_SECS)
+        {
+            return Err((
+                "iat_in_future",
+                format!(
+                    "token issued in the future (iat is {}s ahead of this kas's clock; at most {LEEWAY_SECS}s of \
+                         clock skew is tolerated)",
+                    iat - now
+                ),
+            ));
+        }
+        // Without iat the token could have been minted any time: count from now.
+        let (start, basis) = match claims.iat {
+            Some(iat) => (iat, "exp - iat"),
+            None => (now, "exp - now, no iat"),
+        };
+        let lifetime = claims.exp.saturating_sub(start);
+        if lifetime > max.saturating_add(LEEWAY_SECS) {
+            return Err((
+                "lifetime_too_long",
+                format!(
+                    "token lifetime of {} ({basis}) exceeds the maximum of {} (auth.jwt_max_lifetime)",
+                    humantime::format_duration(Duration::from_secs(lifetime.min(u64::MAX / 2))),
+                    humantime::format_duration(self.max_lifetime)
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Counts and logs (rate-limited) a refusal; the token itself is never logged.
+    fn refused(&self, peer: Option<IpAddr>, reason: &'static str, message: String) -> KasError {
+        self.failures.record(peer, reason);
+        KasError::Unauthenticated(message)
+    }
+
+    /// The metric reason and the caller's message for a refusal by the JWT library.
+    fn describe(&self, kind: &ErrorKind) -> (&'static str, String) {
+        let (reason, why) = match kind {
+            ErrorKind::ExpiredSignature => ("expired", "token has expired".to_owned()),
+            ErrorKind::ImmatureSignature => ("not_yet_valid", "token is not valid yet (nbf)".to_owned()),
+            ErrorKind::InvalidIssuer => ("wrong_issuer", format!("wrong issuer, expected \"{}\"", self.issuer)),
+            ErrorKind::InvalidAudience => (
+                "wrong_audience",
+                format!("wrong audience, expected \"{}\" (or an array containing it)", self.audience),
+            ),
+            ErrorKind::InvalidSignature => ("invalid_signature", "invalid signature".to_owned()),
+            ErrorKind::InvalidAlgorithm | ErrorKind::InvalidAlgorithmName | ErrorKind::UnsupportedAlgorithm => {
+                ("wrong_algorithm", "algorithm not allowed, expected HS256".to_owned())
+            }
+            ErrorKind::MissingRequiredClaim(c) => ("malformed", format!("missing required claim \"{c}\"")),
+            ErrorKind::InvalidClaimFormat(c) => ("malformed", format!("invalid claim \"{c}\"")),
             // A header with `alg: none` fails to parse as a known algorithm; it lands here.
             ErrorKind::Json(_) | ErrorKind::Base64(_) | ErrorKind::Utf8(_) | ErrorKind::InvalidToken => {
-                "malformed token (only HS256-signed JWTs are accepted)".to_owned()
+                ("malformed", "malformed token (only HS256-signed JWTs are accepted)".to_owned())
             }
-            _ => "token rejected".to_owned(),
+            _ => ("other", "token rejected".to_owned()),
         };
-        format!("invalid JWT: {why}")
+        (reason, format!("invalid JWT: {why}"))
     }
 }
 
@@ -110,8 +218,8 @@ pub fn mint_jwt(secret: &Secret, issuer: &str, audience: &str, ttl: Duration) ->
     let now = jsonwebtoken::get_current_timestamp();
     let claims = Claims {
         iss: issuer.to_owned(),
-        aud: audience.to_owned(),
-        iat: now,
+        aud: Audience::One(audience.to_owned()),
+        iat: Some(now),
         exp: now + ttl.as_secs().max(1),
         nbf: None,
     };
@@ -127,7 +235,13 @@ mod tests {
 
     fn claims(iss: &str, aud: &str, exp_offset: i64) -> Claims {
         let now = jsonwebtoken::get_current_timestamp();
-        Claims { iss: iss.into(), aud: aud.into(), iat: now, exp: (now as i64 + exp_offset) as u64, nbf: None }
+        Claims {
+            iss: iss.into(),
+            aud: Audience::One(aud.into()),
+            iat: Some(now),
+            exp: (now as i64 + exp_offset) as u64,
+            nbf: None,
+        }
     }
 
     fn sign(secret: &Secret, c: &Claims) -> String {
@@ -165,6 +279,63 @@ mod tests {
         )
         .unwrap();
         assert!(err(&v, &hs512).contains("algorithm not allowed"));
+    }
+
+    fn sign_json(secret: &Secret, claims: &serde_json::Value) -> String {
+        jsonwebtoken::encode(&Header::new(Algorithm::HS256), claims, &EncodingKey::from_secret(secret.bytes())).unwrap()
+    }
+
+    fn now() -> i64 {
+        jsonwebtoken::get_current_timestamp() as i64
+    }
+
+    #[test]
+    fn audience_may_be_an_array_containing_ours() {
+        let secret = Secret::generate();
+        let v = JwtVerifier::gitlab(&secret);
+        let t = now();
+        let ok = serde_json::json!({"iss": "gitlab", "aud": ["other", "gitlab-kas"], "iat": t, "exp": t + 60});
+        v.verify(&sign_json(&secret, &ok)).unwrap();
+        let single = serde_json::json!({"iss": "gitlab", "aud": ["gitlab-kas"], "iat": t, "exp": t + 60});
+        v.verify(&sign_json(&secret, &single)).unwrap();
+        let wrong = serde_json::json!({"iss": "gitlab", "aud": ["other", "gitlab"], "iat": t, "exp": t + 60});
+        assert!(err(&v, &sign_json(&secret, &wrong)).contains("wrong audience"));
+        let empty = serde_json::json!({"iss": "gitlab", "aud": [], "iat": t, "exp": t + 60});
+        assert!(err(&v, &sign_json(&secret, &empty)).contains("wrong audience"));
+    }
+
+    #[test]
+    fn iat_in_the_future_is_refused_beyond_the_clock_skew() {
+        let secret = Secret::generate();
+        let v = JwtVerifier::gitlab(&secret);
+        let t = now();
+        let future = serde_json::json!({"iss": "gitlab", "aud": "gitlab-kas", "iat": t + 3600, "exp": t + 3660});
+        let e = err(&v, &sign_json(&secret, &future));
+        assert!(e.contains("issued in the future") && e.contains("iat"), "{e}");
+        // A clock a couple of seconds ahead is tolerated.
+        let skewed = serde_json::json!({"iss": "gitlab", "aud": "gitlab-kas", "iat": t + 2, "exp": t + 62});
+        v.verify(&sign_json(&secret, &skewed)).unwrap();
+    }
+
+    #[test]
+    fn lifetime_longer_than_the_maximum_is_refused() {
+        let secret = Secret::generate();
+        let v = JwtVerifier::gitlab(&secret);
+        let t = now();
+        // exp in year 9999.
+        let forever = serde_json::json!({"iss": "gitlab", "aud": "gitlab-kas", "iat": t, "exp": 253_402_300_799_i64});
+        let e = err(&v, &sign_json(&secret, &forever));
+        assert!(e.contains("lifetime") && e.contains("maximum"), "{e}");
+        let day = serde_json::json!({"iss": "gitlab", "aud": "gitlab-kas", "iat": t, "exp": t + 86_400});
+        assert!(err(&v, &sign_json(&secret, &day)).contains("lifetime"));
+        // Without iat, the time left until exp counts.
+        let no_iat = serde_json::json!({"iss": "gitlab", "aud": "gitlab-kas", "exp": t + 86_400});
+        assert!(err(&v, &sign_json(&secret, &no_iat)).contains("lifetime"));
+        let no_iat_short = serde_json::json!({"iss": "gitlab", "aud": "gitlab-kas", "exp": t + 60});
+        v.verify(&sign_json(&secret, &no_iat_short)).unwrap();
+        // Exactly the maximum (the default TTL of `kas mint-jwt`) is fine.
+        let hour = serde_json::json!({"iss": "gitlab", "aud": "gitlab-kas", "iat": t, "exp": t + 3600});
+        v.verify(&sign_json(&secret, &hour)).unwrap();
     }
 
     #[test]

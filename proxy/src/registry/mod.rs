@@ -32,14 +32,24 @@ pub struct RegistryError(pub String);
 /// Published when a connection is registered or unregistered (by any kas).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RegistryEvent {
-    Connected { agent_id: AgentId, connection_id: ConnectionId },
-    Disconnected { agent_id: AgentId, connection_id: ConnectionId },
+    Connected {
+        agent_id: AgentId,
+        connection_id: ConnectionId,
+    },
+    Disconnected {
+        agent_id: AgentId,
+        connection_id: ConnectionId,
+    },
+    /// Local only: this kas's records were rewritten after the backend came back (e.g. Redis
+    /// restarted empty); events may have been lost meanwhile, so waiters look again.
+    Resynced,
 }
 
 impl RegistryEvent {
-    pub fn agent_id(&self) -> AgentId {
+    pub fn agent_id(&self) -> Option<AgentId> {
         match self {
-            Self::Connected { agent_id, .. } | Self::Disconnected { agent_id, .. } => *agent_id,
+            Self::Connected { agent_id, .. } | Self::Disconnected { agent_id, .. } => Some(*agent_id),
+            Self::Resynced => None,
         }
     }
 }

@@ -10,11 +10,19 @@
 //! Every write this kas makes is remembered locally (`owned`), so a refresh rewrites all of it in
 //! one pipelined transaction (one round trip however many agents), and a registration that
 //! failed while Redis was down is written by the next refresh once Redis is back.
+//!
+//! Redis may come back empty (restarted without persistence, flushed, failed over). Waiting for
+//! the next refresh would leave cross-kas routing broken for up to a refresh period, so a
+//! *resync* (heartbeat + every owned record + a `Connected` event per record, one transaction)
+//! runs as soon as any of these shows Redis is back: the events subscription is re-established
+//! after it broke, a call succeeds after one failed, or the heartbeat finds its own key gone.
+//! After a resync, local waiters get [`RegistryEvent::Resynced`] so they look again (events
+//! published while this kas was not subscribed are lost).
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -27,7 +35,7 @@ use prost::Message;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{AsyncCommands, IntoConnectionInfo};
 use serde::{Deserialize, Serialize};
-use tokio::sync::{OnceCell, broadcast};
+use tokio::sync::{Notify, OnceCell, broadcast};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::{
@@ -37,8 +45,14 @@ use super::{
 /// A Redis call that takes longer is failed: a slow Redis must not stall routing.
 pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
 pub const DEFAULT_KEY_PREFIX: &str = "kas";
-/// Longest pause between attempts to re-subscribe to the events channel.
-const SUBSCRIBE_BACKOFF_CAP: Duration = Duration::from_secs(5);
+/// Longest pause between attempts to re-subscribe to the events channel: a Redis that comes back
+/// is noticed within it (and re-registered at once); a failed attempt costs one connect.
+const SUBSCRIBE_BACKOFF_CAP: Duration = Duration::from_millis(500);
+/// Longest pause between attempts of a resync that failed (Redis flapping).
+const RESYNC_BACKOFF_CAP: Duration = Duration::from_secs(1);
+/// Resyncs (each announcing every record of this kas) run at most this often: a flapping Redis
+/// must not turn every failed call into a burst of events.
+const RESYNC_MIN_INTERVAL: Duration = Duration::from_secs(1);
 
 /// `registry.redis` in the kas config.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -117,6 +131,12 @@ struct OwnedRecord {
 }
 
 pub struct RedisRegistry {
+    inner: Arc<Inner>,
+    _stop_tasks: DropGuard,
+}
+
+/// What the registry and its background tasks (events subscriber, resync) share.
+pub struct Inner {
     client: redis::Client,
     conn: OnceCell<ConnectionManager>,
     manager_config: ConnectionManagerConfig,
@@ -128,12 +148,26 @@ pub struct RedisRegistry {
     written_keys: Mutex<HashSet<String>>,
     events: broadcast::Sender<RegistryEvent>,
     round_trips: AtomicU64,
-    _stop_subscriber: DropGuard,
+    /// Wakes the resync task.
+    resync: Notify,
+    /// A call failed: the next successful one starts a resync (Redis may have lost our data).
+    failed_since_resync: AtomicBool,
+    /// The heartbeat key was written once: finding it gone later means Redis lost our data.
+    heartbeat_written: AtomicBool,
+    /// `remove_all_owned` ran: nothing may be re-registered any more.
+    closed: AtomicBool,
+}
+
+impl std::ops::Deref for RedisRegistry {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.inner
+    }
 }
 
 impl std::fmt::Debug for RedisRegistry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisRegistry").field("prefix", &self.keys.prefix).finish_non_exhaustive()
+        f.debug_struct("RedisRegistry").field("prefix", &self.inner.keys.prefix).finish_non_exhaustive()
     }
 }
 
@@ -194,13 +228,12 @@ impl RedisRegistry {
         let keys = Keys { prefix: config.key_prefix.clone() };
         let (events, _) = broadcast::channel(EVENT_BUFFER);
         let stop = CancellationToken::new();
-        tokio::spawn(subscribe_events(client.clone(), keys.events(), events.clone(), stop.clone()));
         let manager_config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(config.response_timeout))
             .set_connection_timeout(Some(config.response_timeout))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_secs(1));
-        Ok(Self {
+        let inner = Arc::new(Inner {
             client,
             conn: OnceCell::new(),
             manager_config,
@@ -211,10 +244,18 @@ impl RedisRegistry {
             written_keys: Mutex::default(),
             events,
             round_trips: AtomicU64::new(0),
-            _stop_subscriber: stop.drop_guard(),
-        })
+            resync: Notify::new(),
+            failed_since_resync: AtomicBool::new(false),
+            heartbeat_written: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+        });
+        tokio::spawn(subscribe_events(inner.clone(), config.response_timeout, stop.clone()));
+        tokio::spawn(resync_task(inner.clone(), stop.clone()));
+        Ok(Self { inner, _stop_tasks: stop.drop_guard() })
     }
+}
 
+impl Inner {
     /// Round trips to Redis so far (benchmarks check a refresh costs one, whatever the count).
     pub fn round_trips(&self) -> u64 {
         self.round_trips.load(Ordering::Relaxed)
@@ -242,7 +283,43 @@ impl RedisRegistry {
         }
         .await;
         crate::metrics::registry_operation(context, result.is_ok());
+        if result.is_err() {
+            self.failed_since_resync.store(true, Ordering::Relaxed);
+        } else if self.failed_since_resync.swap(false, Ordering::Relaxed) {
+            // Redis answers again after a failure: it may have restarted empty.
+            self.resync.notify_one();
+        }
         result
+    }
+
+    /// Rewrites this kas's heartbeat and every record it owns, and announces each record, in
+    /// one transaction. Returns how many records were written.
+    async fn resync_once(&self) -> Result<usize, RegistryError> {
+        if self.closed.load(Ordering::Relaxed) {
+            return Ok(0);
+        }
+        let owned: Vec<_> = self.owned().iter().map(|(k, v)| (*k, v.clone())).collect();
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        self.write_heartbeat(&mut pipe);
+        for ((agent_id, connection_id), record) in &owned {
+            self.write_record(&mut pipe, *agent_id, *connection_id, record);
+            let event =
+                event_bytes(connection_event::Kind::Connected, *agent_id, *connection_id, &self.instance.instance_id);
+            pipe.publish(self.keys.events(), event).ignore();
+        }
+        self.query::<()>("resync", &pipe).await?;
+        self.heartbeat_written.store(true, Ordering::Relaxed);
+        Ok(owned.len())
+    }
+
+    fn write_heartbeat(&self, pipe: &mut redis::Pipeline) {
+        pipe.pset_ex(
+            self.keys.instance(&self.instance.instance_id),
+            self.instance.encode_to_vec(),
+            u64::try_from(ms(self.timing.heartbeat_ttl)).unwrap_or(u64::MAX),
+        )
+        .ignore();
     }
 
     fn owned(&self) -> MutexGuard<'_, HashMap<(AgentId, ConnectionId), OwnedRecord>> {
@@ -369,14 +446,18 @@ impl AgentRegistry for RedisRegistry {
     }
 
     async fn heartbeat(&self) -> Result<(), RegistryError> {
+        // Same round trip: was our previous heartbeat still there?
         let mut pipe = redis::pipe();
-        pipe.pset_ex(
-            self.keys.instance(&self.instance.instance_id),
-            self.instance.encode_to_vec(),
-            u64::try_from(ms(self.timing.heartbeat_ttl)).unwrap_or(u64::MAX),
-        )
-        .ignore();
-        self.query("heartbeat", &pipe).await
+        pipe.exists(self.keys.instance(&self.instance.instance_id));
+        self.write_heartbeat(&mut pipe);
+        let (existed,): (bool,) = self.query("heartbeat", &pipe).await?;
+        if !existed && self.heartbeat_written.swap(true, Ordering::Relaxed) {
+            // Gone before its TTL (Redis flushed or restarted) or expired (this kas stalled):
+            // either way others no longer see our records.
+            tracing::info!("registry heartbeat key was gone; re-registering this kas's connections");
+            self.resync.notify_one();
+        }
+        Ok(())
     }
 
     async fn gc(&self) -> Result<(), RegistryError> {
@@ -441,6 +522,7 @@ impl AgentRegistry for RedisRegistry {
     }
 
     async fn remove_all_owned(&self) -> Result<(), RegistryError> {
+        self.closed.store(true, Ordering::Relaxed);
         let owned: Vec<_> = self.owned().drain().collect();
         let mut pipe = redis::pipe();
         pipe.atomic();
@@ -461,19 +543,64 @@ impl AgentRegistry for RedisRegistry {
     }
 }
 
-/// Forwards the events channel to local subscribers, re-subscribing after Redis failures.
-async fn subscribe_events(
-    client: redis::Client,
-    channel: String,
-    events: broadcast::Sender<RegistryEvent>,
-    stop: CancellationToken,
-) {
+/// Resyncs (see the module docs) when woken, retrying until it succeeds; then tells local
+/// waiters to look again.
+async fn resync_task(inner: Arc<Inner>, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = inner.resync.notified() => {}
+        }
+        let mut delay = Duration::from_millis(50);
+        loop {
+            match inner.resync_once().await {
+                Ok(records) => {
+                    tracing::info!(records, "registry rewritten after Redis came back");
+                    let _ = inner.events.send(RegistryEvent::Resynced);
+                    break;
+                }
+                Err(e) => tracing::debug!(error = %e, "registry resync failed; retrying"),
+            }
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(delay) => {}
+            }
+            delay = (delay * 2).min(RESYNC_BACKOFF_CAP);
+        }
+        // A trigger meanwhile is kept (Notify stores one permit) and served after the pause.
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(RESYNC_MIN_INTERVAL) => {}
+        }
+    }
+}
+
+/// Forwards the events channel to local subscribers, re-subscribing after Redis failures. A
+/// subscription re-established after it broke starts a resync (Redis may be back empty).
+async fn subscribe_events(inner: Arc<Inner>, connect_timeout: Duration, stop: CancellationToken) {
+    let channel = inner.keys.events();
+    let events = inner.events.clone();
     let mut delay = Duration::from_millis(50);
+    let mut interrupted = false;
+    // One warning per outage, not one per attempt.
+    let mut warned = false;
     loop {
         let session = async {
-            let mut pubsub = client.get_async_pubsub().await.map_err(|e| err("subscribe", e))?;
-            pubsub.subscribe(&channel).await.map_err(|e| err("subscribe", e))?;
-            tracing::debug!(%channel, "subscribed to registry events");
+            // Bounded: a blackholed Redis must not stall re-subscribing for the OS connect timeout.
+            let mut pubsub = tokio::time::timeout(connect_timeout, async {
+                let mut pubsub = inner.client.get_async_pubsub().await.map_err(|e| err("subscribe", e))?;
+                pubsub.subscribe(&channel).await.map_err(|e| err("subscribe", e))?;
+                Ok::<_, RegistryError>(pubsub)
+            })
+            .await
+            .map_err(|_| err("subscribe", "timed out"))??;
+            warned = false;
+            if interrupted {
+                tracing::info!(%channel, "re-subscribed to registry events");
+                inner.resync.notify_one();
+            } else {
+                tracing::debug!(%channel, "subscribed to registry events");
+            }
             let mut messages = pubsub.on_message();
             while let Some(msg) = messages.next().await {
                 let Ok(ev) = ConnectionEvent::decode(msg.get_payload_bytes()) else { continue };
@@ -494,10 +621,16 @@ async fn subscribe_events(
                 Ok(()) => {
                     tracing::warn!("registry events subscription ended; re-subscribing");
                     delay = Duration::from_millis(50);
+                    warned = true;
                 }
-                Err(e) => tracing::warn!(error = %e, "registry events subscription failed; retrying"),
+                Err(e) if !warned => {
+                    tracing::warn!(error = %e, "registry events subscription failed; retrying");
+                    warned = true;
+                }
+                Err(e) => tracing::debug!(error = %e, "registry events subscription failed; retrying"),
             },
         }
+        interrupted = true;
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(delay) => {}

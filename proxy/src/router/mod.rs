@@ -35,8 +35,8 @@ use peers::{PeerError, Peers};
 pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(20);
 /// How much earlier than the caller's deadline the wait ends (at most 10% of the deadline).
 const DEADLINE_MARGIN: Duration = Duration::from_millis(50);
-/// Waiting requests are woken by pub-sub events; this slow re-scan only covers an event lost
-/// while the events subscription was re-established (e.g. Redis restarting).
+/// Waiting requests are woken by pub-sub events (and by the registry's `Resynced` after Redis
+/// comes back); this slow re-scan only covers an event lost otherwise.
 const RESCAN_INTERVAL: Duration = Duration::from_secs(5);
 
 #[derive(Clone)]
@@ -221,6 +221,8 @@ impl Router {
                 ev = events.recv() => match ev {
                     Ok(RegistryEvent::Connected { agent_id, .. }) => agent_id == target.agent_id,
                     Ok(RegistryEvent::Disconnected { .. }) => false,
+                    // The registry came back (e.g. Redis restarted): records may be back too.
+                    Ok(RegistryEvent::Resynced) => true,
                     // Missed events: look again rather than miss the one that mattered.
                     Err(RecvError::Lagged(_)) => true,
                     Err(RecvError::Closed) => false,

@@ -14,7 +14,9 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::auth::failures::{FailureLimitConfig, FailureLimiter, FailureLog};
 use crate::auth::{AgentIdentity, TokenVerifier};
+use crate::error::KasError;
 use crate::modules::configuration::ConfigurationSource;
 use crate::registry::AgentRegistry;
 use crate::tunnel::{TunnelIo, TunnelRegistry};
@@ -36,17 +38,58 @@ pub struct AgentService {
     pub max_connection_age: Duration,
     /// New presence streams per agent per minute (tunnels do not count).
     pub connections_per_minute: u64,
+    /// Failed agent-token authentications: counted, logged (rate-limited), bounded per peer.
+    pub auth_failures: Arc<AuthFailures>,
+}
+
+/// The agent listener's refused authentications (see [`crate::auth::failures`]).
+#[derive(Debug)]
+pub struct AuthFailures {
+    limiter: FailureLimiter,
+    log: FailureLog,
+}
+
+impl AuthFailures {
+    pub fn new(config: &FailureLimitConfig) -> Self {
+        Self { limiter: FailureLimiter::new(config), log: FailureLog::new("agent") }
+    }
 }
 
 /// The window of the agent connection rate limit.
 const CONNECTION_RATE_WINDOW: Duration = Duration::from_secs(60);
 
 impl AgentService {
+    /// Verifies the agent token, unless this peer has used up its failed attempts: then it is
+    /// refused at once, unverified (no GitLab request). Only failures count against the peer.
     async fn authenticate<T>(&self, request: &Request<T>) -> Result<AgentIdentity, Status> {
-        let token = kas_proto::metadata::bearer_token(super::authorization(request.metadata())).ok_or_else(|| {
-            Status::unauthenticated("missing agent token: expected \"authorization: Bearer <agent token>\"")
-        })?;
-        Ok(self.verifier.verify(token).await?)
+        let peer = request.remote_addr().map(|a| a.ip());
+        let failures = &self.auth_failures;
+        if let Err(e) = failures.limiter.check(peer) {
+            failures.log.record(peer, "rate_limited");
+            return Err(Status::resource_exhausted(format!("{e} (auth.failed_agent_authentications)")));
+        }
+        let Some(token) = kas_proto::metadata::bearer_token(super::authorization(request.metadata())) else {
+            failures.limiter.failed(peer);
+            failures.log.record(peer, "missing_token");
+            return Err(Status::unauthenticated(
+                "missing agent token: expected \"authorization: Bearer <agent token>\"",
+            ));
+        };
+        match self.verifier.verify(token).await {
+            Ok(agent) => Ok(agent),
+            Err(e) => {
+                // GitLab unreachable or rate-limited is not the caller's failure.
+                if let Some(reason) = match &e {
+                    KasError::Unauthenticated(_) => Some("invalid_token"),
+                    KasError::PermissionDenied(_) => Some("permission_denied"),
+                    _ => None,
+                } {
+                    failures.limiter.failed(peer);
+                    failures.log.record(peer, reason);
+                }
+                Err(e.into())
+            }
+        }
     }
 }
 

@@ -23,7 +23,8 @@ pub struct ApiService {
 /// Rejects calls without a valid JWT, then removes the credential so nothing forwards it.
 pub fn jwt_interceptor(verifier: JwtVerifier) -> impl tonic::service::Interceptor + Clone {
     move |mut req: Request<()>| {
-        verifier.verify_authorization(super::authorization(req.metadata()))?;
+        let peer = req.remote_addr().map(|a| a.ip());
+        verifier.verify_authorization_from(peer, super::authorization(req.metadata()))?;
         req.metadata_mut().remove(kas_proto::metadata::AUTHORIZATION);
         Ok(req)
     }
