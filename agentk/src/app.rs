@@ -152,7 +152,11 @@ impl App {
             .collect::<Result<Vec<_>, AgentError>>()?;
         let kube = kube_config(&config.kube).await?;
         let configuration = watch::channel(None).0;
-        let modules = modules::all(&kube, &configuration).map_err(|e| AgentError::Kube(e.to_string()))?;
+        let api_timeouts = modules::kubernetes_api::ApiTimeouts {
+            connect: config.kube_api_connect_timeout,
+            response_header: config.kube_api_response_header_timeout,
+        };
+        let modules = modules::all(&kube, &configuration, api_timeouts).map_err(|e| AgentError::Kube(e.to_string()))?;
         let observability = crate::observability::bind(config.observability_address).await?;
         let observability_address = observability
             .local_addr()
