@@ -311,6 +311,7 @@ impl App {
             in_flight: in_flight.clone(),
             min_idle: self.config.min_idle_tunnels,
             max: self.config.max_tunnels,
+            idle_quiet_period: self.config.idle_quiet_period,
             stats: self.pool_stats.clone(),
         }));
         self.connected.send_replace(Some(connection_id));

@@ -105,6 +105,8 @@ pub struct AgentConfig {
     pub kube_api_connect_timeout: Duration,
     /// See [`DEFAULT_KUBE_API_RESPONSE_HEADER_TIMEOUT`].
     pub kube_api_response_header_timeout: Duration,
+    /// How long the idle target waits without load before it halves (no flag: tests shorten it).
+    pub idle_quiet_period: Duration,
     pub pod_name: String,
     pub pod_namespace: String,
     /// Where `/livez` and `/readyz` are served; port 0 picks a free port.
@@ -133,6 +135,7 @@ impl AgentConfig {
             grace_period: args.grace_period,
             kube_api_connect_timeout: args.kube_api_connect_timeout,
             kube_api_response_header_timeout: args.kube_api_response_header_timeout,
+            idle_quiet_period: crate::pool::DEFAULT_IDLE_QUIET_PERIOD,
             pod_name: args.pod_name.clone(),
             pod_namespace: args.pod_namespace.clone(),
             observability_address: args.observability_address,
@@ -155,6 +158,7 @@ impl AgentConfig {
             grace_period: DEFAULT_GRACE_PERIOD,
             kube_api_connect_timeout: DEFAULT_KUBE_API_CONNECT_TIMEOUT,
             kube_api_response_header_timeout: DEFAULT_KUBE_API_RESPONSE_HEADER_TIMEOUT,
+            idle_quiet_period: crate::pool::DEFAULT_IDLE_QUIET_PERIOD,
             pod_name: String::new(),
             pod_namespace: String::new(),
             observability_address: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),

@@ -26,7 +26,7 @@ struct Fixture {
 
 fn fixture_with(config: RestConfig, max_wait: Duration) -> Fixture {
     let stop = CancellationToken::new();
-    let tunnels = TunnelRegistry::spawn(stop.clone());
+    let tunnels = TunnelRegistry::spawn(stop.clone(), crate::config::DEFAULT_IDLE_TUNNEL_TIMEOUT);
     let instance = KasInstanceInfo {
         version: "test".into(),
         commit: "test".into(),
