@@ -159,7 +159,11 @@ impl App {
             .collect::<Result<Vec<_>, AgentError>>()?;
         let kube = kube_config(&config.kube).await?;
         let configuration = watch::channel(None).0;
-        let modules = modules::all(&kube, &configuration).map_err(|e| AgentError::Kube(e.to_string()))?;
+        let api_timeouts = modules::kubernetes_api::ApiTimeouts {
+            connect: config.kube_api_connect_timeout,
+            response_header: config.kube_api_response_header_timeout,
+        };
+        let modules = modules::all(&kube, &configuration, api_timeouts).map_err(|e| AgentError::Kube(e.to_string()))?;
         let observability = crate::observability::bind(config.observability_address).await?;
         let observability_address = observability
             .local_addr()
@@ -315,6 +319,7 @@ impl App {
             in_flight: in_flight.clone(),
             min_idle: self.config.min_idle_tunnels,
             max: self.config.max_tunnels,
+            idle_quiet_period: self.config.idle_quiet_period,
             stats: self.pool_stats.clone(),
         }));
         self.connected.send_replace(Some(connection_id));

@@ -13,6 +13,13 @@ pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(20);
 /// The observability listener (`/livez`, `/readyz`) of the `agentk` binary: all interfaces, so
 /// the kubelet can probe the pod. Embedded agentk ([`AgentConfig::new`]) uses `127.0.0.1:0`.
 pub const DEFAULT_OBSERVABILITY_ADDRESS: &str = "0.0.0.0:8080";
+/// TCP connect to the Kubernetes API: in-cluster it takes milliseconds; a server that does not
+/// accept within this is overloaded or gone (kube-rs waits 30 s, client-go's dialer too).
+pub const DEFAULT_KUBE_API_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// From sending a proxied request to the API server's response head (connect, TLS and request
+/// body included). Above the API server's own 60 s `--request-timeout`, so its answer comes
+/// first; watches, `logs -f` and exec answer their head at once and then stream without limit.
+pub const DEFAULT_KUBE_API_RESPONSE_HEADER_TIMEOUT: Duration = Duration::from_secs(70);
 
 #[derive(Debug, Clone, clap::Parser)]
 #[command(
@@ -43,6 +50,13 @@ pub struct Args {
     /// How long in-flight requests may run after SIGTERM.
     #[arg(long, env = "AGENTK_GRACE_PERIOD", default_value = "20s", value_parser = humantime::parse_duration)]
     pub grace_period: Duration,
+    /// Kubernetes API proxy: longest wait for a TCP connection to the API server (504 after it).
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub kube_api_connect_timeout: Duration,
+    /// Kubernetes API proxy: longest wait for the API server's response head, counted from
+    /// the start of the request (504 after it). Bodies after the head stream without limit.
+    #[arg(long, default_value = "70s", value_parser = humantime::parse_duration)]
+    pub kube_api_response_header_timeout: Duration,
     /// Pod name (from the downward API).
     #[arg(long, env = "POD_NAME", default_value = "")]
     pub pod_name: String,
@@ -87,6 +101,12 @@ pub struct AgentConfig {
     pub min_idle_tunnels: usize,
     pub max_tunnels: usize,
     pub grace_period: Duration,
+    /// See [`DEFAULT_KUBE_API_CONNECT_TIMEOUT`].
+    pub kube_api_connect_timeout: Duration,
+    /// See [`DEFAULT_KUBE_API_RESPONSE_HEADER_TIMEOUT`].
+    pub kube_api_response_header_timeout: Duration,
+    /// How long the idle target waits without load before it halves (no flag: tests shorten it).
+    pub idle_quiet_period: Duration,
     pub pod_name: String,
     pub pod_namespace: String,
     /// Where `/livez` and `/readyz` are served; port 0 picks a free port.
@@ -99,6 +119,8 @@ pub enum ConfigError {
     KasAddress(String),
     #[error("--min-idle-tunnels ({min}) must be at least 1 and at most --max-tunnels ({max})")]
     Pool { min: usize, max: usize },
+    #[error("--{0} must be above zero")]
+    ZeroTimeout(&'static str),
 }
 
 impl AgentConfig {
@@ -111,6 +133,9 @@ impl AgentConfig {
             min_idle_tunnels: args.min_idle_tunnels,
             max_tunnels: args.max_tunnels,
             grace_period: args.grace_period,
+            kube_api_connect_timeout: args.kube_api_connect_timeout,
+            kube_api_response_header_timeout: args.kube_api_response_header_timeout,
+            idle_quiet_period: crate::pool::DEFAULT_IDLE_QUIET_PERIOD,
             pod_name: args.pod_name.clone(),
             pod_namespace: args.pod_namespace.clone(),
             observability_address: args.observability_address,
@@ -131,6 +156,9 @@ impl AgentConfig {
             min_idle_tunnels: DEFAULT_MIN_IDLE_TUNNELS,
             max_tunnels: DEFAULT_MAX_TUNNELS,
             grace_period: DEFAULT_GRACE_PERIOD,
+            kube_api_connect_timeout: DEFAULT_KUBE_API_CONNECT_TIMEOUT,
+            kube_api_response_header_timeout: DEFAULT_KUBE_API_RESPONSE_HEADER_TIMEOUT,
+            idle_quiet_period: crate::pool::DEFAULT_IDLE_QUIET_PERIOD,
             pod_name: String::new(),
             pod_namespace: String::new(),
             observability_address: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
@@ -154,6 +182,12 @@ impl AgentConfig {
         }
         if self.min_idle_tunnels == 0 || self.min_idle_tunnels > self.max_tunnels {
             return Err(ConfigError::Pool { min: self.min_idle_tunnels, max: self.max_tunnels });
+        }
+        if self.kube_api_connect_timeout.is_zero() {
+            return Err(ConfigError::ZeroTimeout("kube-api-connect-timeout"));
+        }
+        if self.kube_api_response_header_timeout.is_zero() {
+            return Err(ConfigError::ZeroTimeout("kube-api-response-header-timeout"));
         }
         Ok(())
     }

@@ -25,8 +25,10 @@ use crate::tunnel;
 const TUNNEL_SEND_BUFFER: usize = 16;
 /// The idle target grows under load up to this (and never past half of the tunnel maximum).
 const IDLE_GROWTH_CAP: usize = 64;
-/// After this long without running out of idle tunnels, the idle target halves again.
-const IDLE_QUIET_PERIOD: Duration = Duration::from_secs(30);
+/// After this long without running out of idle tunnels, the idle target halves again. Extra
+/// idle tunnels are closed by kas (`agent_connections.idle_tunnel_timeout`, only kas closes idle
+/// tunnels of a live connection); the pool then opens no more than the target.
+pub const DEFAULT_IDLE_QUIET_PERIOD: Duration = Duration::from_secs(30);
 
 /// How many idle tunnels to keep. One tunnel carries one request, so a burst of concurrent
 /// requests drains a small pool and each request then waits for a tunnel to open. The target
@@ -38,12 +40,13 @@ struct IdleTarget {
     cap: usize,
     current: usize,
     changed_at: tokio::time::Instant,
+    quiet_period: Duration,
 }
 
 impl IdleTarget {
-    fn new(min: usize, max_tunnels: usize) -> Self {
+    fn new(min: usize, max_tunnels: usize, quiet_period: Duration) -> Self {
         let cap = IDLE_GROWTH_CAP.min(max_tunnels / 2).max(min);
-        Self { min, cap, current: min, changed_at: tokio::time::Instant::now() }
+        Self { min, cap, current: min, changed_at: tokio::time::Instant::now(), quiet_period }
     }
 
     /// A tunnel got a request; `in_use` tunnels are now serving requests.
@@ -57,9 +60,9 @@ impl IdleTarget {
 
     fn get(&mut self) -> usize {
         let now = tokio::time::Instant::now();
-        while self.current > self.min && now.duration_since(self.changed_at) >= IDLE_QUIET_PERIOD {
+        while self.current > self.min && now.duration_since(self.changed_at) >= self.quiet_period {
             self.current = (self.current / 2).max(self.min);
-            self.changed_at += IDLE_QUIET_PERIOD;
+            self.changed_at += self.quiet_period;
         }
         self.current
     }
@@ -81,6 +84,8 @@ pub struct PoolContext {
     pub in_flight: TaskTracker,
     pub min_idle: usize,
     pub max: usize,
+    /// See [`DEFAULT_IDLE_QUIET_PERIOD`].
+    pub idle_quiet_period: Duration,
     /// Published counts (readiness, tests).
     pub stats: watch::Sender<PoolStats>,
 }
@@ -107,7 +112,7 @@ pub async fn run(ctx: PoolContext) {
     // Opening failures back off so a kas that rejects tunnels is not hammered.
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
     let mut retry_at: Option<tokio::time::Instant> = None;
-    let mut target = IdleTarget::new(ctx.min_idle, ctx.max);
+    let mut target = IdleTarget::new(ctx.min_idle, ctx.max, ctx.idle_quiet_period);
     loop {
         if retry_at.is_none_or(|t| t <= tokio::time::Instant::now()) {
             retry_at = None;
@@ -245,7 +250,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn idle_target_grows_under_load_and_shrinks_when_quiet() {
-        let mut t = IdleTarget::new(2, 500);
+        let mut t = IdleTarget::new(2, 500, DEFAULT_IDLE_QUIET_PERIOD);
         assert_eq!(t.get(), 2);
         t.on_busy(1); // below the minimum: no change
         assert_eq!(t.get(), 2);
@@ -253,12 +258,12 @@ mod tests {
             t.on_busy(in_use);
             assert_eq!(t.get(), expected, "in use {in_use}");
         }
-        tokio::time::advance(IDLE_QUIET_PERIOD).await;
+        tokio::time::advance(DEFAULT_IDLE_QUIET_PERIOD).await;
         assert_eq!(t.get(), 32);
-        tokio::time::advance(IDLE_QUIET_PERIOD * 10).await;
+        tokio::time::advance(DEFAULT_IDLE_QUIET_PERIOD * 10).await;
         assert_eq!(t.get(), 2);
         // A small maximum caps growth at half of it, never below the minimum.
-        let mut small = IdleTarget::new(2, 6);
+        let mut small = IdleTarget::new(2, 6, DEFAULT_IDLE_QUIET_PERIOD);
         small.on_busy(6);
         assert_eq!(small.get(), 3);
     }

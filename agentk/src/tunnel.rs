@@ -98,6 +98,12 @@ impl Responder {
         self.send(ConnectRequest::trailer(pb::Trailer { metadata }), ResponseFrame::Trailer).await
     }
 
+    /// Resolves when the tunnel's outbound stream is gone (the stream was reset or the
+    /// connection to kas broke), which needs no inbound frame to be read.
+    pub async fn closed(&self) {
+        self.outbound.closed().await;
+    }
+
     pub async fn error(&self, status: &Status) -> Result<(), Status> {
         self.send(ConnectRequest::error(status), ResponseFrame::Error).await
     }

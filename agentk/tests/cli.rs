@@ -56,6 +56,8 @@ async fn help_lists_the_flags() {
         "--min-idle-tunnels",
         "--max-tunnels",
         "--observability-address",
+        "--kube-api-connect-timeout",
+        "--kube-api-response-header-timeout",
     ] {
         assert!(help.contains(flag), "`agentk --help` does not mention {flag}:\n{help}");
     }
@@ -91,6 +93,9 @@ fn typical_flags_parse_into_a_valid_config() {
     assert_eq!(args.ca_cert_file, Some(PathBuf::from("/etc/kas/ca.pem")));
     assert_eq!((args.min_idle_tunnels, args.max_tunnels), (3, 50));
     assert_eq!(args.grace_period, Duration::from_secs(15));
+    // Defaults of the Kubernetes API timeouts are the documented constants.
+    assert_eq!(args.kube_api_connect_timeout, agentk::config::DEFAULT_KUBE_API_CONNECT_TIMEOUT);
+    assert_eq!(args.kube_api_response_header_timeout, agentk::config::DEFAULT_KUBE_API_RESPONSE_HEADER_TIMEOUT);
 
     let config = AgentConfig::from_args(&args).unwrap();
     assert!(matches!(&config.kube, KubeSource::Kubeconfig(p) if p == &PathBuf::from("/home/dev/.kube/config")));
@@ -118,6 +123,10 @@ fn invalid_flag_values_are_rejected_with_clear_messages() {
     let args = parse(&["--min-idle-tunnels", "10", "--max-tunnels", "5"]).unwrap();
     let err = AgentConfig::from_args(&args).unwrap_err().to_string();
     assert!(err.contains("at most --max-tunnels (5)"), "{err}");
+
+    let args = parse(&["--kube-api-response-header-timeout", "0s"]).unwrap();
+    let err = AgentConfig::from_args(&args).unwrap_err().to_string();
+    assert!(err.contains("--kube-api-response-header-timeout must be above zero"), "{err}");
 
     let err = parse(&["--grace-period", "soon"]).unwrap_err().to_string();
     assert!(err.contains("--grace-period"), "{err}");

@@ -344,7 +344,7 @@ impl Bound {
         let tls_listeners = tls.listeners();
         // Stops the tunnel registry and maintenance after the external listeners drained.
         let background = CancellationToken::new();
-        let tunnels = TunnelRegistry::spawn(background.clone());
+        let tunnels = TunnelRegistry::spawn(background.clone(), config.agent_connections.idle_tunnel_timeout);
         let _ = tunnels_handle.set(tunnels.clone());
         // Installed before anything is recorded (metrics recorded without a recorder are lost).
         crate::metrics::handle();

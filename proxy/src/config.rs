@@ -450,6 +450,9 @@ impl RegistryConfig {
 /// An agent connection older than this is ended cleanly (agentk reconnects, to the next kas
 /// address): after a scale-out, load spreads to new replicas within this time.
 pub const DEFAULT_AGENT_CONNECTION_MAX_AGE: Duration = Duration::from_secs(2 * 3600);
+/// kas closes a tunnel that stayed idle this long; agentk opens again only as many as its idle
+/// target (which halves after 30 s without running short), so a burst's extra tunnels go away.
+pub const DEFAULT_IDLE_TUNNEL_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// An agent reconnects a few times a minute at most when healthy; far more is a crash loop or
 /// a misconfiguration that should not load kas and GitLab.
@@ -488,11 +491,16 @@ pub struct AgentConnectionsConfig {
     /// not come in waves. In-flight requests on its tunnels finish normally.
     #[serde(with = "humantime_serde")]
     pub max_age: Duration,
+    /// A tunnel idle this long is closed by kas (only kas closes idle tunnels of a live
+    /// connection, so no request is ever sent down a tunnel agentk is closing). agentk opens as
+    /// many again as it still wants, so idle tunnels shrink back to agentk's target after load.
+    #[serde(with = "humantime_serde")]
+    pub idle_tunnel_timeout: Duration,
 }
 
 impl Default for AgentConnectionsConfig {
     fn default() -> Self {
-        Self { max_age: DEFAULT_AGENT_CONNECTION_MAX_AGE }
+        Self { max_age: DEFAULT_AGENT_CONNECTION_MAX_AGE, idle_tunnel_timeout: DEFAULT_IDLE_TUNNEL_TIMEOUT }
     }
 }
 
@@ -695,6 +703,7 @@ impl Config {
             ("registry.heartbeat_ttl", self.registry.heartbeat_ttl),
             ("registry.heartbeat_period", self.registry.heartbeat_period),
             ("agent_connections.max_age", self.agent_connections.max_age),
+            ("agent_connections.idle_tunnel_timeout", self.agent_connections.idle_tunnel_timeout),
         ];
         for (key, d) in nonzero {
             if d.is_zero() {

@@ -22,11 +22,12 @@ pub trait Module: Send + Sync + 'static {
 pub fn all(
     kube_config: &kube::Config,
     configuration: &tokio::sync::watch::Sender<Option<kas_proto::tunnel::pb::ConfigurationResponse>>,
+    api_timeouts: kubernetes_api::ApiTimeouts,
 ) -> Result<Vec<Arc<dyn Module>>, kube::Error> {
     let client = kube::Client::try_from(kube_config.clone())?;
     Ok(vec![
         Arc::new(get_pods::GetPods::new(client)),
-        Arc::new(kubernetes_api::KubernetesApi::new(kube_config, configuration.subscribe())?),
+        Arc::new(kubernetes_api::KubernetesApi::new(kube_config, configuration.subscribe(), api_timeouts)?),
     ])
 }
 

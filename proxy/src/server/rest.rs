@@ -588,8 +588,13 @@ async fn not_found(method: Method, uri: axum::http::Uri) -> Problem {
 /// Errors that layers answer without a body (405, timeouts) or as plain text (413) become
 /// problem+json too. Responses that have a typed body (problems, the Kubernetes API's own
 /// errors) are left alone.
-async fn problem_for_bare_errors(response: Response) -> Response {
+async fn problem_for_bare_errors(uri: axum::http::Uri, response: Response) -> Response {
     let status = response.status();
+    // The body limit refused a Content-Length on the Kubernetes API proxy path: answer as the
+    // API server would (a `Status`), which kubectl understands.
+    if status == StatusCode::PAYLOAD_TOO_LARGE && crate::modules::kubernetes_api::rest::is_proxy_path(uri.path()) {
+        return crate::modules::kubernetes_api::rest::body_too_large(None);
+    }
     // The Kubernetes API server's own answers pass through untouched.
     let proxied = response.extensions().get::<crate::modules::kubernetes_api::rest::ProxiedResponse>().is_some();
     if proxied || !(status.is_client_error() || status.is_server_error()) {

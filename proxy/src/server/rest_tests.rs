@@ -26,7 +26,7 @@ struct Fixture {
 
 fn fixture_with(config: RestConfig, max_wait: Duration) -> Fixture {
     let stop = CancellationToken::new();
-    let tunnels = TunnelRegistry::spawn(stop.clone());
+    let tunnels = TunnelRegistry::spawn(stop.clone(), crate::config::DEFAULT_IDLE_TUNNEL_TIMEOUT);
     let instance = KasInstanceInfo {
         version: "test".into(),
         commit: "test".into(),
@@ -357,14 +357,30 @@ async fn internal_detail_is_not_in_problems_and_bare_errors_become_problems() {
     assert_eq!(body["code"], "PERMISSION_DENIED");
 
     // What TimeoutLayer answers (an empty 504) becomes a problem.
-    let resp = problem_for_bare_errors(StatusCode::GATEWAY_TIMEOUT.into_response()).await;
+    let uri = || axum::http::Uri::from_static("/api/v1/agents/1/connections");
+    let resp = problem_for_bare_errors(uri(), StatusCode::GATEWAY_TIMEOUT.into_response()).await;
     assert_eq!(resp.headers().get(header::CONTENT_TYPE).unwrap(), PROBLEM_JSON);
     let body: Value = serde_json::from_slice(&axum::body::to_bytes(resp.into_body(), 1 << 16).await.unwrap()).unwrap();
     assert!(body["detail"].as_str().unwrap().contains("rest.request_timeout"));
     // A typed error body (e.g. a Kubernetes Status passing through) is left alone.
     let typed = (StatusCode::NOT_FOUND, [(header::CONTENT_TYPE, "application/json")], "{}").into_response();
-    let resp = problem_for_bare_errors(typed).await;
+    let resp = problem_for_bare_errors(uri(), typed).await;
     assert_eq!(resp.headers().get(header::CONTENT_TYPE).unwrap(), "application/json");
+    // The body limit's 413 on the Kubernetes API proxy path is a Kubernetes Status.
+    let too_large = (StatusCode::PAYLOAD_TOO_LARGE, [(header::CONTENT_TYPE, "text/plain")], "x").into_response();
+    let proxy_uri = axum::http::Uri::from_static("/api/v1/agents/1/kubernetes/api/v1/pods");
+    let resp = problem_for_bare_errors(proxy_uri, too_large).await;
+    let body: Value = serde_json::from_slice(&axum::body::to_bytes(resp.into_body(), 1 << 16).await.unwrap()).unwrap();
+    assert_eq!((body["kind"].as_str(), body["code"].as_u64()), (Some("Status"), Some(413)), "{body}");
+}
+
+#[test]
+fn proxy_paths_are_recognised() {
+    use crate::modules::kubernetes_api::rest::is_proxy_path;
+    assert!(is_proxy_path("/api/v1/agents/1/kubernetes"));
+    assert!(is_proxy_path("/api/v1/agents/1/kubernetes/api/v1/pods"));
+    assert!(!is_proxy_path("/api/v1/agents/1/kubernetesx"));
+    assert!(!is_proxy_path("/api/v1/agents/1/pods"));
 }
 
 #[test]

@@ -3,11 +3,14 @@
 //! One task owns the maps; everything else talks to it through [`TunnelRegistry`] (a cheap,
 //! cloneable handle). A request asks for a tunnel of an agent (and optionally one connection)
 //! serving a method; it gets an idle one at once or is parked until one registers. A parked
-//! request that gives up just drops its receiver; the task skips it.
+//! request that gives up just drops its receiver; the task skips it. A tunnel idle for longer
+//! than the idle timeout is closed here (agentk opens as many again as it still wants): that
+//! is how idle tunnels shrink after load, closed by the one side that hands them out.
 
 mod io;
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::Duration;
 
 use kas_proto::{AgentId, ConnectionId};
 use tokio::sync::{mpsc, oneshot};
@@ -32,6 +35,8 @@ pub struct IdleTunnel {
     pub methods: Vec<String>,
     pub io: TunnelIo,
     id: u64,
+    /// Registered at (idle since).
+    since: tokio::time::Instant,
 }
 
 impl IdleTunnel {
@@ -81,9 +86,10 @@ pub struct Stopped;
 
 impl TunnelRegistry {
     /// Starts the task. It stops (dropping every idle tunnel and parked request) on `shutdown`.
-    pub fn spawn(shutdown: CancellationToken) -> Self {
+    /// Tunnels idle for `idle_timeout` are closed.
+    pub fn spawn(shutdown: CancellationToken, idle_timeout: Duration) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(rx, shutdown));
+        tokio::spawn(run(rx, shutdown, idle_timeout));
         Self { tx, next_id: Default::default() }
     }
 
@@ -115,7 +121,7 @@ impl TunnelRegistry {
         closed: ClosedSignal,
     ) {
         let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let tunnel = IdleTunnel { agent_id, connection_id, methods, io, id };
+        let tunnel = IdleTunnel { agent_id, connection_id, methods, io, id, since: tokio::time::Instant::now() };
         if self.tx.send(Command::Register(tunnel)).is_err() {
             return; // shutting down: dropping the tunnel ends it
         }
@@ -250,6 +256,15 @@ impl State {
         Some(list.swap_remove(pos))
     }
 
+    /// Closes (drops) the tunnels idle since before `cutoff`. A request never holds one of them:
+    /// the registry hands tunnels out from this same task.
+    fn close_idle_before(&mut self, cutoff: tokio::time::Instant) {
+        self.idle.retain(|_, list| {
+            list.retain(|t| t.since > cutoff);
+            !list.is_empty()
+        });
+    }
+
     fn find(&mut self, query: TunnelQuery, reply: oneshot::Sender<IdleTunnel>) {
         if let Some(tunnel) = self.take_idle(&query) {
             if let Err(back) = reply.send(tunnel) {
@@ -266,11 +281,19 @@ impl State {
     }
 }
 
-async fn run(mut rx: mpsc::UnboundedReceiver<Command>, shutdown: CancellationToken) {
+async fn run(mut rx: mpsc::UnboundedReceiver<Command>, shutdown: CancellationToken, idle_timeout: Duration) {
     let mut state = State::default();
+    // A tunnel is closed between one and 1.25 idle timeouts after it became idle.
+    let mut sweep = tokio::time::interval((idle_timeout / 4).max(Duration::from_millis(1)));
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             () = shutdown.cancelled() => break,
+            _ = sweep.tick() => {
+                if let Some(cutoff) = tokio::time::Instant::now().checked_sub(idle_timeout) {
+                    state.close_idle_before(cutoff);
+                }
+            }
             cmd = rx.recv() => match cmd {
                 Some(cmd) => state.handle(cmd),
                 None => break,

@@ -5,15 +5,19 @@
 //! What reaches the API server: the method and path kas sent, a documented whitelist of request
 //! headers ([`FORWARDED_REQUEST_HEADERS`]: never the caller's `Authorization`, never
 //! `Impersonate-*`), agentk's own credentials, and `User-Agent` extended with `via agentk/<v>`.
-//! Redirects are not followed. There are no read or write timeouts: watches and `logs -f` run
-//! until a side closes. If kas goes away (the caller cancelled), the tunnel ends and the request
-//! to the API server is dropped, which cancels it.
+//! Redirects are not followed. Two timeouts bound the wait for the API server (see
+//! [`ApiTimeouts`]): the TCP connect, and the response head counted from the start of the
+//! request; both are answered with a 504 Kubernetes `Status`. After the head there are no read
+//! or write timeouts: watches and `logs -f` run until a side closes. If kas ends the tunnel (the
+//! caller went away) at any stage, even while the API server is not reading the request body,
+//! the request to the API server is dropped, which cancels it and frees the tunnel.
 //!
 //! The agent configuration's `kubernetes_api` section can disable the proxy or make it
 //! read-only; refused requests get HTTP 403 with a Kubernetes `Status`, as an RBAC denial would,
 //! so kubectl prints "Error from server (Forbidden)". Until the first configuration arrives,
 //! the proxy serves everything (the configuration's default).
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::time::Duration;
 
@@ -67,10 +71,31 @@ pub const FORWARDED_REQUEST_HEADERS: &[&str] = &[
     "x-stream-protocol-version",
 ];
 
-/// Connecting to the API server should be quick; only the connect has a limit.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long agentk waits for the API server before answering 504 itself.
+#[derive(Debug, Clone, Copy)]
+pub struct ApiTimeouts {
+    /// The TCP connect (`--kube-api-connect-timeout`).
+    pub connect: Duration,
+    /// From the start of the request to the response head (`--kube-api-response-header-timeout`).
+    pub response_header: Duration,
+}
+
+impl Default for ApiTimeouts {
+    fn default() -> Self {
+        Self {
+            connect: crate::config::DEFAULT_KUBE_API_CONNECT_TIMEOUT,
+            response_header: crate::config::DEFAULT_KUBE_API_RESPONSE_HEADER_TIMEOUT,
+        }
+    }
+}
 /// Request body chunks buffered towards the API server.
 const BODY_BUFFER: usize = 8;
+/// Request body read from the tunnel ahead of an API server that is not reading it. The end of
+/// an HTTP/2 stream queues behind its data, so kas ending the tunnel (the caller went away) is
+/// seen only once the frames before it are read. Above the API server's own 3 MiB body limit
+/// (and kas's REST limit), so such a body is read to its end and the tunnel's end is seen; for a
+/// larger body the response header timeout frees the tunnel.
+const BODY_READ_AHEAD: usize = 4 * 1024 * 1024;
 /// Read size for an upgraded connection.
 const UPGRADED_READ_BUFFER: usize = 16 * 1024;
 
@@ -81,6 +106,7 @@ type ApiService = BoxCloneSyncService<http::Request<ProxyBody>, http::Response<I
 
 pub struct KubernetesApi {
     service: ApiService,
+    timeouts: ApiTimeouts,
     /// The agent configuration as last received from kas.
     configuration: Configuration,
 }
@@ -89,11 +115,16 @@ type Configuration = tokio::sync::watch::Receiver<Option<kas_proto::tunnel::pb::
 
 impl KubernetesApi {
     /// The same TLS, base URL and authentication stack kube-rs builds, around a plain hyper
-    /// client with streaming bodies and without kube-rs's read/write timeouts.
-    pub fn new(config: &kube::Config, configuration: Configuration) -> Result<Self, kube::Error> {
+    /// client with streaming bodies and without kube-rs's read/write timeouts (agentk's own
+    /// `timeouts` apply instead; kube-rs's 30 s connect timeout is not from the kubeconfig).
+    pub fn new(
+        config: &kube::Config,
+        configuration: Configuration,
+        timeouts: ApiTimeouts,
+    ) -> Result<Self, kube::Error> {
         let mut http = HttpConnector::new();
         http.enforce_http(false);
-        http.set_connect_timeout(Some(config.connect_timeout.unwrap_or(CONNECT_TIMEOUT)));
+        http.set_connect_timeout(Some(timeouts.connect));
         http.set_nodelay(true);
         let connector = config.rustls_https_connector_with_connector(http)?;
         let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(connector);
@@ -103,7 +134,7 @@ impl KubernetesApi {
             .layer(config.extra_headers_layer()?)
             .map_err(BoxError::from)
             .service(client);
-        Ok(Self { service: BoxCloneSyncService::new(service), configuration })
+        Ok(Self { service: BoxCloneSyncService::new(service), timeouts, configuration })
     }
 
     /// Why the agent configuration refuses this request, if it does.
@@ -131,21 +162,26 @@ impl KubernetesApi {
 
 /// A Kubernetes `Status` (HTTP 403 Forbidden) for a request the agent configuration refuses.
 async fn forbidden(responder: &Responder, method: &str, path: &str, reason: &str) -> Result<(), Status> {
+    kubernetes_status(responder, 403, "Forbidden", &format!("{method} {path}: {reason}")).await
+}
+
+/// agentk's own answer as a Kubernetes `Status`, as the API server would send it.
+async fn kubernetes_status(responder: &Responder, code: u16, reason: &str, message: &str) -> Result<(), Status> {
     let body = serde_json::json!({
         "kind": "Status",
         "apiVersion": "v1",
         "metadata": {},
         "status": "Failure",
-        "message": format!("{method} {path}: {reason}"),
-        "reason": "Forbidden",
+        "message": message,
+        "reason": reason,
         "details": {},
-        "code": 403,
+        "code": code,
     })
     .to_string();
     let mut headers = HeaderMap::new();
     headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     responder.header(Default::default()).await?;
-    let head = HttpResponseHead { status: 403, headers: headers_to_proto(&headers) };
+    let head = HttpResponseHead { status: u32::from(code), headers: headers_to_proto(&headers) };
     responder.message(HttpFrame::response_head(head).to_bytes()).await?;
     responder.message(HttpFrame::body(Bytes::from(body)).to_bytes()).await?;
     responder.trailer(Default::default()).await
@@ -222,34 +258,59 @@ impl KubernetesApi {
         tracing::debug!(method = %head.method, path = %head.path, upgrade, "proxying to the Kubernetes API");
 
         let started = std::time::Instant::now();
+        let head_deadline = tokio::time::Instant::now() + self.timeouts.response_header;
         let call = self.service.clone().oneshot(http_request);
         tokio::pin!(call);
-        let mut body_tx = (!upgrade).then_some(body_tx);
+        let mut body = BodyPump::new((!upgrade).then_some(body_tx));
         // The request body and the response proceed together (the API server reads the body
         // before it answers, and may answer before it read all of it). Once the body is sent,
         // the tunnel is still watched: kas ending it means the caller went away, and dropping
-        // the API server request here cancels it (watches, logs -f).
+        // the API server request here cancels it (watches, logs -f). The body pump reads ahead
+        // of an API server that does not read, so the tunnel's end is seen then too.
         let response = loop {
             tokio::select! {
                 r = &mut call => break r,
-                r = next_body_chunk(request, &mut body_tx) => r?,
+                r = body.step(request) => r?,
+                () = responder.closed() => return Err(caller_gone()),
+                () = tokio::time::sleep_until(head_deadline) => {
+                    let message = format!(
+                        "{} {}: the Kubernetes API server sent no response within {:?} (agentk \
+                         --kube-api-response-header-timeout)",
+                        head.method, head.path, self.timeouts.response_header
+                    );
+                    tracing::info!(method = %head.method, path = %head.path, "Kubernetes API response header timeout");
+                    return kubernetes_status(responder, 504, "Timeout", &message).await;
+                }
             }
-        }
-        .map_err(|e| Status::unavailable(format!("Kubernetes API unreachable: {e}")))?;
+        };
+        let response = match response {
+            Ok(r) => r,
+            Err(e) if is_connect_timeout(e.as_ref()) => {
+                let message = format!(
+                    "{} {}: could not connect to the Kubernetes API server within {:?} (agentk \
+                     --kube-api-connect-timeout)",
+                    head.method, head.path, self.timeouts.connect
+                );
+                tracing::info!(method = %head.method, path = %head.path, "Kubernetes API connect timeout");
+                return kubernetes_status(responder, 504, "Timeout", &message).await;
+            }
+            Err(e) => return Err(Status::unavailable(format!("Kubernetes API unreachable: {e}"))),
+        };
         crate::metrics::api_server_latency(started.elapsed());
         responder.header(Default::default()).await?;
         responder.message(HttpFrame::response_head(response_head(&response)).to_bytes()).await?;
         if response.status() == http::StatusCode::SWITCHING_PROTOCOLS {
             return upgraded(request, responder, response).await;
         }
-        let mut body = response.into_body();
+        let mut response_body = response.into_body();
         loop {
             let frame = tokio::select! {
-                f = body.frame() => f,
-                r = next_body_chunk(request, &mut body_tx) => {
+                f = response_body.frame() => f,
+                r = body.step(request) => {
                     r?;
                     continue;
                 }
+                () = responder.closed() => return Err(caller_gone()),
             };
             let Some(frame) = frame else { break };
             let frame = frame.map_err(|e| Status::unavailable(format!("Kubernetes API response failed: {e}")))?;
@@ -263,30 +324,98 @@ impl KubernetesApi {
     }
 }
 
-/// Moves one request body chunk from the tunnel to the API server. After the body ended
-/// (`body` is `None`) it resolves only when kas ends the tunnel, as an error: the caller is gone.
-async fn next_body_chunk(
-    request: &mut TunnelRequest,
-    body: &mut Option<mpsc::Sender<Result<Frame<Bytes>, std::io::Error>>>,
-) -> Result<(), Status> {
-    let Some(tx) = body else {
-        request.finish().await;
-        return Err(Status::cancelled("kas ended the tunnel: the caller went away"));
-    };
-    match request.next_message().await? {
-        Some(data) => {
-            let http_frame::Frame::Body(chunk) = decode(data)? else {
-                return Err(Status::invalid_argument("unexpected frame in the request body"));
-            };
-            if tx.send(Ok(Frame::data(chunk))).await.is_err() {
-                // The API server stopped reading the body (it answered already).
-                *body = None;
-            }
+fn caller_gone() -> Status {
+    Status::cancelled("kas ended the tunnel: the caller went away")
+}
+
+/// Whether the API server request failed because the TCP connect timed out (hyper-util's
+/// connector reports its timeout as an `io::Error` of kind `TimedOut` in the error chain).
+fn is_connect_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut current = Some(e);
+    while let Some(err) = current {
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && io.kind() == std::io::ErrorKind::TimedOut
+        {
+            return true;
         }
-        // CloseSend: the body is complete; dropping the sender ends it for the API server.
-        None => *body = None,
+        current = err.source();
     }
-    Ok(())
+    false
+}
+
+type BodySender = mpsc::Sender<Result<Frame<Bytes>, std::io::Error>>;
+
+/// The request body on its way from the tunnel to the API server. Every step also watches the
+/// tunnel: kas ending it (the caller went away) is an error.
+struct BodyPump {
+    /// `None` once the body ended for the API server, or when it takes none (upgrades).
+    tx: Option<BodySender>,
+    /// Read from the tunnel, not yet taken by the API server (at most [`BODY_READ_AHEAD`]).
+    pending: VecDeque<Bytes>,
+    pending_bytes: usize,
+    /// kas sent CloseSend.
+    complete: bool,
+}
+
+impl BodyPump {
+    fn new(tx: Option<BodySender>) -> Self {
+        Self { tx, pending: VecDeque::new(), pending_bytes: 0, complete: false }
+    }
+
+    /// Moves the body one step: reads a frame from the tunnel or hands a chunk to the API
+    /// server. After CloseSend (and once all is handed on) it resolves only when kas ends the
+    /// tunnel, as an error: the caller is gone. Cancel-safe, so it can race the response.
+    async fn step(&mut self, request: &mut TunnelRequest) -> Result<(), Status> {
+        if self.complete && self.pending.is_empty() {
+            // Dropping the sender ends the body for the API server.
+            self.tx = None;
+        }
+        let reserve = {
+            let tx = self.tx.clone().filter(|_| !self.pending.is_empty());
+            async move {
+                match tx {
+                    Some(tx) => tx.reserve_owned().await.ok(),
+                    None => std::future::pending().await,
+                }
+            }
+        };
+        let complete = self.complete;
+        let read = complete || self.pending_bytes < BODY_READ_AHEAD;
+        let next = async move {
+            if complete {
+                request.finish().await;
+                return Err(caller_gone());
+            }
+            request.next_message().await
+        };
+        tokio::select! {
+            permit = reserve => match (permit, self.pending.pop_front()) {
+                (Some(permit), Some(chunk)) => {
+                    self.pending_bytes -= chunk.len();
+                    permit.send(Ok(Frame::data(chunk)));
+                }
+                _ => {
+                    // The API server stopped reading the body (it answered already).
+                    self.tx = None;
+                    self.pending.clear();
+                    self.pending_bytes = 0;
+                }
+            },
+            message = next, if read => match message? {
+                Some(data) => {
+                    let http_frame::Frame::Body(chunk) = decode(data)? else {
+                        return Err(Status::invalid_argument("unexpected frame in the request body"));
+                    };
+                    if self.tx.is_some() && !chunk.is_empty() {
+                        self.pending_bytes += chunk.len();
+                        self.pending.push_back(chunk);
+                    }
+                }
+                None => self.complete = true,
+            },
+        }
+        Ok(())
+    }
 }
 
 /// After a 101: bytes both ways between the tunnel and the API server's upgraded connection.
@@ -404,7 +533,7 @@ mod configuration_tests {
             configuration: Some(AgentConfiguration { observability: None, kubernetes_api: settings }),
             commit_id: "c".into(),
         };
-        KubernetesApi::new(&config, tokio::sync::watch::channel(Some(response)).1).unwrap()
+        KubernetesApi::new(&config, tokio::sync::watch::channel(Some(response)).1, ApiTimeouts::default()).unwrap()
     }
 
     #[tokio::test]

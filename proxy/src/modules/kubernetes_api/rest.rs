@@ -1,6 +1,12 @@
 //! The Kubernetes API proxy on the rest listener: `/api/v1/agents/{agent_id}/kubernetes/...`,
 //! so `kubectl --server http://kas:8154/api/v1/agents/1/kubernetes --token <JWT>` works.
 //! Authentication (the caller's JWT, removed before this handler runs) is the rest listener's.
+//!
+//! Request bodies are limited to `rest.max_request_body_bytes` (the API server's own 3 MiB by
+//! default): a larger `Content-Length` is refused by the listener's body limit before this
+//! handler runs, and a body of unknown length (chunked) is read up to the limit before anything
+//! is routed, so a body over it gets 413 and no byte of it reaches agentk or the API server.
+//! The bytes of an upgraded connection (exec, attach, port-forward) are not a body: unlimited.
 
 use std::collections::HashMap;
 
@@ -88,13 +94,33 @@ async fn proxy_inner(
         headers: headers_to_proto(request.headers()),
     };
     let metadata = forwarded_metadata(request.headers());
+    let limit = state.config.max_request_body_bytes;
+    // A body of unknown length is read to its end (at most the limit) before routing.
+    let body = if upgrade {
+        None
+    } else {
+        let body = request.into_body();
+        match axum::body::HttpBody::size_hint(&body).exact() {
+            Some(length) if length > limit as u64 => return Ok(body_too_large(Some(limit))),
+            Some(_) => Some(RequestBody::Streamed(body)),
+            None => match read_limited(body, limit).await {
+                Ok(chunks) => Some(RequestBody::Buffered(chunks)),
+                Err(BodyReadError::TooLarge) => return Ok(body_too_large(Some(limit))),
+                Err(BodyReadError::Failed(e)) => {
+                    return Err(KasError::InvalidArgument(format!("reading the request body failed: {e}")));
+                }
+            },
+        }
+    };
     let mut exchange = start(&state.router, AgentId(agent_id), ConnectionId::ANY, metadata, head, None).await?;
     let sender = exchange.take_sender();
-    let request_pump = match (&on_upgrade, sender) {
-        (None, Some(sender)) => Some(pump_body(sender, request.into_body().into_data_stream())),
-        (Some(_), Some(sender)) => {
+    let request_pump = match (body, sender) {
+        (Some(RequestBody::Streamed(body)), Some(sender)) => Some(pump_body(sender, body.into_data_stream())),
+        (Some(RequestBody::Buffered(chunks)), Some(sender)) => {
+            Some(pump_body(sender, futures::stream::iter(chunks.into_iter().map(Ok::<_, axum::Error>))))
+        }
+        (None, Some(sender)) => {
             // An upgrade request has no body; the caller's bytes follow the 101.
-            drop(request);
             return respond_upgrade(exchange, sender, on_upgrade).await;
         }
         _ => None,
@@ -134,6 +160,70 @@ pub(crate) fn agent_id_param(params: &HashMap<String, String>) -> Result<i64, Ka
         .and_then(|s| s.parse::<i64>().ok())
         .filter(|id| *id > 0)
         .ok_or_else(|| KasError::InvalidArgument("agent_id must be a positive integer".into()))
+}
+
+enum RequestBody {
+    /// Known length, within the limit: streamed as it arrives.
+    Streamed(Body),
+    /// Unknown length: read to its end, within the limit.
+    Buffered(Vec<bytes::Bytes>),
+}
+
+enum BodyReadError {
+    TooLarge,
+    Failed(axum::Error),
+}
+
+/// Reads a body of unknown length to its end, refusing it as soon as it passes `limit` bytes.
+async fn read_limited(body: Body, limit: usize) -> Result<Vec<bytes::Bytes>, BodyReadError> {
+    let mut stream = body.into_data_stream();
+    let mut chunks = Vec::new();
+    let mut total = 0usize;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| {
+            // The rest listener's own body limit may end the body first (with an error).
+            if std::error::Error::source(&e).is_some_and(|s| s.is::<http_body_util::LengthLimitError>()) {
+                BodyReadError::TooLarge
+            } else {
+                BodyReadError::Failed(e)
+            }
+        })?;
+        total = total.saturating_add(chunk.len());
+        if total > limit {
+            return Err(BodyReadError::TooLarge);
+        }
+        chunks.push(chunk);
+    }
+    Ok(chunks)
+}
+
+/// Whether `path` is on this module's routes (`/api/v1/agents/{agent_id}/kubernetes...`).
+pub fn is_proxy_path(path: &str) -> bool {
+    path.strip_prefix("/api/v1/agents/")
+        .and_then(|rest| rest.split_once('/'))
+        .is_some_and(|(_, rest)| rest == "kubernetes" || rest.starts_with("kubernetes/"))
+}
+
+/// 413 as a Kubernetes `Status` (what the API server answers for a body over its limit).
+pub fn body_too_large(limit: Option<usize>) -> Response {
+    let message = match limit {
+        Some(limit) => format!("the request body is larger than {limit} bytes (kas rest.max_request_body_bytes)"),
+        None => "the request body is too large (kas rest.max_request_body_bytes)".to_owned(),
+    };
+    let body = serde_json::json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": "RequestEntityTooLarge",
+        "code": 413,
+    });
+    let mut response =
+        (http::StatusCode::PAYLOAD_TOO_LARGE, [(http::header::CONTENT_TYPE, "application/json")], body.to_string())
+            .into_response();
+    response.extensions_mut().insert(ProxiedResponse);
+    response
 }
 
 /// An upgrade (kubectl exec/attach/port-forward): if the API server switches protocols, so does
