@@ -403,6 +403,8 @@ mod proptests {
                     "{a:?} refused"
                 ),
                 Err(ConfigError::Pool { min, max }) => prop_assert!(min == 0 || min > max),
+                // No timeout flag is generated, so the defaults apply and are never zero.
+                Err(ConfigError::ZeroTimeout(flag)) => prop_assert!(false, "{flag} refused though not given"),
             }
         }
     }
