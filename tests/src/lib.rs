@@ -7,6 +7,7 @@ pub mod fake_kube;
 pub mod git_http;
 pub mod process;
 pub mod redis_server;
+pub mod slow_client;
 
 pub use cluster::{AgentkHandle, Cluster, ClusterBuilder, KasHandle};
 pub use fake_gitlab::FakeGitlab;

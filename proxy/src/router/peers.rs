@@ -22,8 +22,9 @@ use crate::tunnel::TunnelIo;
 const PEER_TOKEN_TTL: Duration = Duration::from_secs(60);
 /// A peer that does not accept a connection within this is treated as gone.
 const PEER_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// Frames buffered towards the gateway kas; HTTP/2 flow control does the rest.
-const PEER_SEND_BUFFER: usize = 16;
+/// Frames buffered towards the gateway kas (each at most one body chunk); HTTP/2 flow control
+/// does the rest.
+const PEER_SEND_BUFFER: usize = kas_proto::flow::HOP_BUFFER;
 
 /// Why a peer could not take a request; the router tries the next connection in both cases.
 #[derive(Debug)]
@@ -74,6 +75,10 @@ impl Peers {
             .http2_keep_alive_interval(Duration::from_secs(20))
             .keep_alive_timeout(Duration::from_secs(10))
             .tcp_nodelay(true)
+            // Responses of all forwarded tunnels share this connection: one unread stream must
+            // not hold its window (`kas_proto::flow`).
+            .initial_stream_window_size(kas_proto::flow::STREAM_WINDOW)
+            .initial_connection_window_size(kas_proto::flow::CONNECTION_WINDOW)
             .connect_lazy();
         channels.insert(address.to_owned(), channel.clone());
         Ok(channel)

@@ -69,8 +69,8 @@ pub const FORWARDED_REQUEST_HEADERS: &[&str] = &[
 
 /// Connecting to the API server should be quick; only the connect has a limit.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Request body chunks buffered towards the API server.
-const BODY_BUFFER: usize = 8;
+/// Request body chunks buffered towards the API server (each at most one tunnel chunk).
+const BODY_BUFFER: usize = kas_proto::flow::HOP_BUFFER;
 /// Read size for an upgraded connection.
 const UPGRADED_READ_BUFFER: usize = 16 * 1024;
 
@@ -246,10 +246,11 @@ impl KubernetesApi {
             };
             let Some(frame) = frame else { break };
             let frame = frame.map_err(|e| Status::unavailable(format!("Kubernetes API response failed: {e}")))?;
-            if let Ok(data) = frame.into_data()
-                && !data.is_empty()
-            {
-                responder.message(HttpFrame::body(data).to_bytes()).await?;
+            if let Ok(data) = frame.into_data() {
+                // Bounded messages keep every hop's buffers bounded in bytes.
+                for piece in kas_proto::flow::split_chunk(data) {
+                    responder.message(HttpFrame::body(piece).to_bytes()).await?;
+                }
             }
         }
         responder.trailer(Default::default()).await
