@@ -104,6 +104,8 @@ struct Inner {
     broken_logs: BTreeMap<(String, String), u64>,
     /// Live log followers (cancelled when the client goes away).
     log_followers: usize,
+    /// Generated logs whose last byte was handed to the connection.
+    big_logs_sent: usize,
     /// Every watch event, so a watch from a resourceVersion replays what it missed (as the API
     /// server does: kubectl lists, then watches from the list's resourceVersion).
     history: Vec<Value>,
@@ -235,6 +237,11 @@ impl FakeKube {
     /// Makes a pod's log send `bytes` bytes and then fail (the connection is cut mid-body).
     pub fn add_broken_log(&self, namespace: &str, pod: &str, bytes: u64) {
         self.lock().broken_logs.insert((namespace.to_owned(), pod.to_owned()), bytes);
+    }
+
+    /// Generated logs ([`FakeKube::add_big_log`]) sent to the end (handed to the connection).
+    pub fn big_logs_sent(&self) -> usize {
+        self.lock().big_logs_sent
     }
 
     /// Clients currently following a log.
@@ -624,7 +631,12 @@ async fn pod_log(
     let big = fake.lock().big_logs.get(&key).copied();
     if let Some(size) = big {
         let chunks = futures::stream::iter(big_log_chunks(size).map(Ok::<_, Infallible>));
-        return text(Body::from_stream(chunks));
+        let done = fake.clone();
+        let end = futures::stream::once(async move {
+            done.lock().big_logs_sent += 1;
+            Ok(Bytes::new())
+        });
+        return text(Body::from_stream(chunks.chain(end)));
     }
     let (existing, exists) = {
         let inner = fake.lock();
