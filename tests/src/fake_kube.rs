@@ -99,13 +99,16 @@ struct Inner {
     logs: BTreeMap<(String, String), Vec<String>>,
     /// (namespace, pod) -> size of a generated log
     big_logs: BTreeMap<(String, String), u64>,
+    /// size -> the generated log's chunks, made once: serving it costs no CPU in the test process
+    /// (tests with several large responses measure latency on a shared machine).
+    big_log_cache: BTreeMap<u64, Arc<Vec<Bytes>>>,
+    /// Bytes of generated logs handed to connections so far (all requests).
+    big_log_bytes_sent: u64,
     /// (namespace, pod) -> bytes sent before the log stream breaks (an API server failing
     /// mid-response)
     broken_logs: BTreeMap<(String, String), u64>,
     /// Live log followers (cancelled when the client goes away).
     log_followers: usize,
-    /// Generated logs whose last byte was handed to the connection.
-    big_logs_sent: usize,
     /// Every watch event, so a watch from a resourceVersion replays what it missed (as the API
     /// server does: kubectl lists, then watches from the list's resourceVersion).
     history: Vec<Value>,
@@ -239,9 +242,10 @@ impl FakeKube {
         self.lock().broken_logs.insert((namespace.to_owned(), pod.to_owned()), bytes);
     }
 
-    /// Generated logs ([`FakeKube::add_big_log`]) sent to the end (handed to the connection).
-    pub fn big_logs_sent(&self) -> usize {
-        self.lock().big_logs_sent
+    /// Bytes of generated logs ([`FakeKube::add_big_log`]) handed to connections so far; it
+    /// stops growing when every reader of one has stopped reading (and the buffers are full).
+    pub fn big_log_bytes_sent(&self) -> u64 {
+        self.lock().big_log_bytes_sent
     }
 
     /// Clients currently following a log.
@@ -630,13 +634,20 @@ async fn pod_log(
     }
     let big = fake.lock().big_logs.get(&key).copied();
     if let Some(size) = big {
-        let chunks = futures::stream::iter(big_log_chunks(size).map(Ok::<_, Infallible>));
-        let done = fake.clone();
-        let end = futures::stream::once(async move {
-            done.lock().big_logs_sent += 1;
-            Ok(Bytes::new())
-        });
-        return text(Body::from_stream(chunks.chain(end)));
+        let cached = fake.lock().big_log_cache.get(&size).cloned();
+        let cached = match cached {
+            Some(c) => c,
+            None => {
+                let made = Arc::new(big_log_chunks(size).collect::<Vec<_>>());
+                fake.lock().big_log_cache.entry(size).or_insert(made).clone()
+            }
+        };
+        let counter = fake.clone();
+        let chunks = futures::stream::iter((0..cached.len()).map(move |i| {
+            counter.lock().big_log_bytes_sent += cached[i].len() as u64;
+            Ok::<_, Infallible>(cached[i].clone())
+        }));
+        return text(Body::from_stream(chunks));
     }
     let (existing, exists) = {
         let inner = fake.lock();

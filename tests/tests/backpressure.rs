@@ -24,14 +24,12 @@ fn p99(mut samples: Vec<Duration>) -> Duration {
 }
 
 #[tokio::test]
-#[ignore = "issue 12 item 1: no request fails any more, but p99 is 135-164 ms (median 9-27 ms) on the shared \
-            2-core machine, one outlier above the 100 ms bound; run with --ignored"]
 async fn ten_unread_large_responses_do_not_slow_other_requests_to_the_same_agent() {
     let c = Cluster::builder().start().await;
     let _agentk = c.start_agentk(1, 0, "agentk-0").await;
     c.kube.add_pod("default", "small");
     c.kube.add_pod("default", "big");
-    c.kube.add_big_log("default", "big", 2 * 1024 * 1024);
+    c.kube.add_big_log("default", "big", 8 * 1024 * 1024);
     let rest = c.kas[0].addresses.rest;
     let jwt = c.gitlab_jwt();
     let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().unwrap();
@@ -50,11 +48,20 @@ async fn ten_unread_large_responses_do_not_slow_other_requests_to_the_same_agent
     let idle_before = c.kas[0].handle.tunnel_stats().await.unwrap().idle_tunnels;
     let (slow, failed) = SlowClient::open_many(rest, BIG_LOG, &jwt, 10, 10, Duration::from_secs(10)).await;
     assert!(failed.is_empty() && slow.iter().all(|s| s.status == 200), "{failed:?}");
-    // Measured in the steady state the issue describes: the fake API server (in this process,
-    // competing for the same 2 CPUs) has handed over the whole of every large log, so only the
-    // unread bytes remain in flight; and agentk's pool has replaced the 10 tunnels taken (the
-    // pool's latency, not the data path's).
-    eventually!(c.kube.big_logs_sent() >= 10, "the fake API server sent all 10 large logs");
+    // Measured in the steady state the issue describes, where only unread bytes sit in the
+    // buffers: the fake API server (in this process, on the same CPUs) first pushes megabytes
+    // per stream into loopback socket buffers, which costs the good requests CPU time, not
+    // flow-control windows. Steady once it has handed out nothing new for 300 ms.
+    let mut last = (u64::MAX, Instant::now());
+    eventually!({
+        let sent = c.kube.big_log_bytes_sent();
+        if sent != last.0 {
+            last = (sent, Instant::now());
+        }
+        last.1.elapsed() > Duration::from_millis(300)
+    });
+    // The slow clients took 10 tunnels; agentk's pool replaces them (the pool's latency, not
+    // the data path's, which is what this test measures).
     eventually!(c.kas[0].handle.tunnel_stats().await.unwrap().idle_tunnels >= idle_before);
 
     let mut latencies = Vec::new();
@@ -70,7 +77,7 @@ async fn ten_unread_large_responses_do_not_slow_other_requests_to_the_same_agent
         l[l.len() / 2]
     };
     let p99 = p99(latencies);
-    eprintln!("with 10 unread 2 MiB responses: {failed} of 50 good requests failed, median {median:?}, p99 {p99:?}");
+    eprintln!("with 10 unread 8 MiB responses: {failed} of 50 good requests failed, median {median:?}, p99 {p99:?}");
     assert_eq!(failed, 0, "good requests failed while slow clients held unread responses (p99 {p99:?})");
     assert!(p99 < GOOD_P99_LIMIT, "p99 of good requests {p99:?}");
     drop(slow);
