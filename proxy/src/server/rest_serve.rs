@@ -19,10 +19,11 @@ use crate::config::TlsConfig;
 
 /// How far the bytes a caller's HTTP/1.1 connection has written to its socket run behind what a
 /// streamed response handed to hyper. hyper buffers a response body up to its `max_buf_size`
-/// (64 KiB here, shared with the header limit) once the socket is full, for every connection;
-/// a proxied response waits on this instead ([`WriteProgress::gate`]), so a caller that stops
-/// reading leaves at most this much (plus one chunk) in kas.
-pub const MAX_UNSENT_RESPONSE_BYTES: u64 = 32 * 1024;
+/// once the socket is full, and that is the header limit (`limits.max_http_header_bytes`, which
+/// operators may raise); a proxied response waits on this instead ([`WriteProgress::gate`]), so
+/// a caller that stops reading leaves at most this much (plus one chunk) in kas. Two chunks:
+/// one being written while the next is ready (one chunk cost a third of the throughput).
+pub const MAX_UNSENT_RESPONSE_BYTES: u64 = 2 * kas_proto::flow::MAX_CHUNK as u64;
 
 /// Bytes written to one connection's socket so far; a request extension on HTTP/1 connections
 /// (one response at a time, so the connection's progress is the response's progress).
