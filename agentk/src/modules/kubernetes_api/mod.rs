@@ -71,6 +71,9 @@ pub const FORWARDED_REQUEST_HEADERS: &[&str] = &[
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Request body chunks buffered towards the API server (each at most one tunnel chunk).
 const BODY_BUFFER: usize = kas_proto::flow::HOP_BUFFER;
+/// hyper's read buffer per API server connection (it holds response heads, and body bytes not
+/// yet forwarded): bounded so a stuck tunnel leaves little here, not hyper's ~400 KiB.
+const API_SERVER_READ_BUFFER: usize = 64 * 1024;
 /// Read size for an upgraded connection.
 const UPGRADED_READ_BUFFER: usize = 16 * 1024;
 
@@ -96,7 +99,9 @@ impl KubernetesApi {
         http.set_connect_timeout(Some(config.connect_timeout.unwrap_or(CONNECT_TIMEOUT)));
         http.set_nodelay(true);
         let connector = config.rustls_https_connector_with_connector(http)?;
-        let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(connector);
+        let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+            .http1_max_buf_size(API_SERVER_READ_BUFFER)
+            .build(connector);
         let service = ServiceBuilder::new()
             .layer(config.base_uri_layer())
             .option_layer(config.auth_layer()?)
