@@ -127,7 +127,11 @@ fn endpoint(config: &AgentConfig, address: &str) -> Result<Endpoint, AgentError>
         .keep_alive_timeout(KEEPALIVE_TIMEOUT)
         .keep_alive_while_idle(true)
         .connect_timeout(CONNECT_TIMEOUT)
-        .tcp_nodelay(true);
+        .tcp_nodelay(true)
+        // Request bodies of all tunnels share this connection: one unread stream must not hold
+        // its window (`kas_proto::flow`).
+        .initial_stream_window_size(kas_proto::flow::STREAM_WINDOW)
+        .initial_connection_window_size(kas_proto::flow::CONNECTION_WINDOW);
     if tls {
         let mut tls_config = ClientTlsConfig::new().with_native_roots();
         if let Some(ca) = &config.ca_cert_file {

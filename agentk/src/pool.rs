@@ -21,8 +21,9 @@ use crate::backoff::Backoff;
 use crate::modules::Module;
 use crate::tunnel;
 
-/// Frames buffered towards kas per tunnel; HTTP/2 flow control does the rest.
-const TUNNEL_SEND_BUFFER: usize = 16;
+/// Frames buffered towards kas per tunnel (each at most one body chunk); HTTP/2 flow control
+/// does the rest.
+const TUNNEL_SEND_BUFFER: usize = kas_proto::flow::HOP_BUFFER;
 /// The idle target grows under load up to this (and never past half of the tunnel maximum).
 const IDLE_GROWTH_CAP: usize = 64;
 /// After this long without running out of idle tunnels, the idle target halves again. Extra

@@ -5,6 +5,7 @@
 //! - [`get_pods`]: the agentk half of GetPods, served through a tunnel.
 //! - [`ids`]: newtypes for the ids that travel everywhere.
 
+pub mod flow;
 pub mod ids;
 pub mod metadata;
 pub mod tunnel;

@@ -155,6 +155,15 @@ fn builder(listener: &'static str, tls: Option<ServerTlsConfig>) -> Result<Serve
     }
 }
 
+/// HTTP/2 flow control of the listeners that carry tunnels (agent, internal): one stream's unread
+/// bytes never hold the shared connection's window (`kas_proto::flow`).
+fn tunnel_flow_control(server: Server) -> Server {
+    server
+        .initial_stream_window_size(kas_proto::flow::STREAM_WINDOW)
+        .initial_connection_window_size(kas_proto::flow::CONNECTION_WINDOW)
+        .max_concurrent_streams(kas_proto::flow::MAX_CONCURRENT_STREAMS)
+}
+
 #[derive(Debug, Clone, Copy)]
 pub struct Addresses {
     pub agent: SocketAddr,
@@ -377,7 +386,7 @@ impl Bound {
         let max_message = config.limits.max_grpc_message_bytes;
         let mut agent_task = spawn_server(
             "agent",
-            builder("agent", tls.agent)?
+            tunnel_flow_control(builder("agent", tls.agent)?)
                 .http2_keepalive_interval(Some(AGENT_KEEPALIVE_INTERVAL))
                 .http2_keepalive_timeout(Some(AGENT_KEEPALIVE_TIMEOUT))
                 .add_service(AgentTunnelServer::new(agent_service).max_decoding_message_size(max_message))
@@ -386,6 +395,9 @@ impl Bound {
         let mut api_task = spawn_server(
             "api",
             builder("api", tls.api)?
+                // Request bodies of MakeKubernetesRequest: bounded per stream like every tunnel hop.
+                .initial_stream_window_size(kas_proto::flow::STREAM_WINDOW)
+                .initial_connection_window_size(kas_proto::flow::CONNECTION_WINDOW)
                 .add_service(InterceptedService::new(
                     KasApiServer::new(ApiService { router: router.clone() }).max_decoding_message_size(max_message),
                     jwt_interceptor(
@@ -428,7 +440,7 @@ impl Bound {
         });
         let mut internal_task = spawn_server(
             "internal",
-            builder("internal", tls.internal)?
+            tunnel_flow_control(builder("internal", tls.internal)?)
                 .add_service(InterceptedService::new(
                     KasInternalServer::new(InternalService { router }).max_decoding_message_size(max_message),
                     jwt_interceptor(

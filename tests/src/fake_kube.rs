@@ -99,6 +99,11 @@ struct Inner {
     logs: BTreeMap<(String, String), Vec<String>>,
     /// (namespace, pod) -> size of a generated log
     big_logs: BTreeMap<(String, String), u64>,
+    /// size -> the generated log's chunks, made once: serving it costs no CPU in the test process
+    /// (tests with several large responses measure latency on a shared machine).
+    big_log_cache: BTreeMap<u64, Arc<Vec<Bytes>>>,
+    /// Bytes of generated logs handed to connections so far (all requests).
+    big_log_bytes_sent: u64,
     /// (namespace, pod) -> bytes sent before the log stream breaks (an API server failing
     /// mid-response)
     broken_logs: BTreeMap<(String, String), u64>,
@@ -235,6 +240,12 @@ impl FakeKube {
     /// Makes a pod's log send `bytes` bytes and then fail (the connection is cut mid-body).
     pub fn add_broken_log(&self, namespace: &str, pod: &str, bytes: u64) {
         self.lock().broken_logs.insert((namespace.to_owned(), pod.to_owned()), bytes);
+    }
+
+    /// Bytes of generated logs ([`FakeKube::add_big_log`]) handed to connections so far; it
+    /// stops growing when every reader of one has stopped reading (and the buffers are full).
+    pub fn big_log_bytes_sent(&self) -> u64 {
+        self.lock().big_log_bytes_sent
     }
 
     /// Clients currently following a log.
@@ -623,7 +634,19 @@ async fn pod_log(
     }
     let big = fake.lock().big_logs.get(&key).copied();
     if let Some(size) = big {
-        let chunks = futures::stream::iter(big_log_chunks(size).map(Ok::<_, Infallible>));
+        let cached = fake.lock().big_log_cache.get(&size).cloned();
+        let cached = match cached {
+            Some(c) => c,
+            None => {
+                let made = Arc::new(big_log_chunks(size).collect::<Vec<_>>());
+                fake.lock().big_log_cache.entry(size).or_insert(made).clone()
+            }
+        };
+        let counter = fake.clone();
+        let chunks = futures::stream::iter((0..cached.len()).map(move |i| {
+            counter.lock().big_log_bytes_sent += cached[i].len() as u64;
+            Ok::<_, Infallible>(cached[i].clone())
+        }));
         return text(Body::from_stream(chunks));
     }
     let (existing, exists) = {

@@ -8,6 +8,7 @@ pub mod fault_proxy;
 pub mod git_http;
 pub mod process;
 pub mod redis_server;
+pub mod slow_client;
 
 pub use cluster::{AgentkHandle, Cluster, ClusterBuilder, KasHandle};
 pub use fake_gitlab::FakeGitlab;

@@ -332,7 +332,20 @@ pub fn start_agentk(
     pod_name: &str,
     pod_namespace: &str,
 ) -> Process {
+    start_agentk_with_args(kas_agent, token_file, kubeconfig, pod_name, pod_namespace, &[])
+}
+
+/// [`start_agentk`] with extra flags (e.g. `--max-tunnels`).
+pub fn start_agentk_with_args(
+    kas_agent: SocketAddr,
+    token_file: &Path,
+    kubeconfig: &Path,
+    pod_name: &str,
+    pod_namespace: &str,
+    extra: &[&str],
+) -> Process {
     let mut cmd = command("agentk");
+    cmd.args(extra);
     cmd.arg("--kas-address")
         .arg(format!("grpc://{kas_agent}"))
         .arg("--token-file")

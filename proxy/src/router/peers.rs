@@ -32,8 +32,9 @@ use crate::tunnel::TunnelIo;
 const PEER_TOKEN_TTL: Duration = Duration::from_secs(60);
 /// A peer that does not accept a connection within this is treated as gone.
 const PEER_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// Frames buffered towards the gateway kas; HTTP/2 flow control does the rest.
-const PEER_SEND_BUFFER: usize = 16;
+/// Frames buffered towards the gateway kas (each at most one body chunk); HTTP/2 flow control
+/// does the rest.
+const PEER_SEND_BUFFER: usize = kas_proto::flow::HOP_BUFFER;
 /// A down peer is probed after this, doubling per failed probe up to the cap (±20 % jitter):
 /// a dead kas costs each peer at most a few dials per second, a revived one is used again
 /// within the cap.
@@ -253,6 +254,10 @@ impl Shared {
             .http2_keep_alive_interval(self.ping_interval)
             .keep_alive_timeout(self.ping_timeout)
             .tcp_nodelay(true)
+            // Responses of all forwarded tunnels share this connection: one unread stream must
+            // not hold its window (`kas_proto::flow`).
+            .initial_stream_window_size(kas_proto::flow::STREAM_WINDOW)
+            .initial_connection_window_size(kas_proto::flow::CONNECTION_WINDOW)
             .connect_lazy())
     }
 

@@ -23,8 +23,9 @@ use crate::tunnel::{TunnelIo, TunnelRegistry};
 
 /// A tunnel must describe itself promptly; a silent stream only holds resources.
 const DESCRIPTOR_TIMEOUT: Duration = Duration::from_secs(10);
-/// Frames buffered towards agentk per tunnel; HTTP/2 flow control does the rest.
-const TUNNEL_SEND_BUFFER: usize = 16;
+/// Frames buffered towards agentk per tunnel (each at most one body chunk); HTTP/2 flow control
+/// does the rest.
+const TUNNEL_SEND_BUFFER: usize = kas_proto::flow::HOP_BUFFER;
 
 pub struct AgentService {
     pub verifier: Arc<dyn TokenVerifier>,

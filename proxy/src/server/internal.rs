@@ -17,8 +17,9 @@ use crate::modules::get_pods::{self, Scope};
 use crate::router::{Router, Target};
 use crate::tunnel::{TunnelReceiver, TunnelSender};
 
-/// Frames buffered towards the routing kas; HTTP/2 flow control does the rest.
-const FORWARD_BUFFER: usize = 16;
+/// Frames buffered towards the routing kas (each at most one body chunk); HTTP/2 flow control
+/// does the rest.
+const FORWARD_BUFFER: usize = kas_proto::flow::HOP_BUFFER;
 
 pub struct InternalService {
     pub router: Router,

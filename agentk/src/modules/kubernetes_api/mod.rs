@@ -88,8 +88,11 @@ impl Default for ApiTimeouts {
         }
     }
 }
-/// Request body chunks buffered towards the API server.
-const BODY_BUFFER: usize = 8;
+/// Request body chunks buffered towards the API server (each at most one tunnel chunk).
+const BODY_BUFFER: usize = kas_proto::flow::HOP_BUFFER;
+/// hyper's read buffer per API server connection (it holds response heads, and body bytes not
+/// yet forwarded): bounded so a stuck tunnel leaves little here, not hyper's ~400 KiB.
+const API_SERVER_READ_BUFFER: usize = 64 * 1024;
 /// Request body read from the tunnel ahead of an API server that is not reading it. The end of
 /// an HTTP/2 stream queues behind its data, so kas ending the tunnel (the caller went away) is
 /// seen only once the frames before it are read. Above the API server's own 3 MiB body limit
@@ -127,7 +130,9 @@ impl KubernetesApi {
         http.set_connect_timeout(Some(timeouts.connect));
         http.set_nodelay(true);
         let connector = config.rustls_https_connector_with_connector(http)?;
-        let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(connector);
+        let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+            .http1_max_buf_size(API_SERVER_READ_BUFFER)
+            .build(connector);
         let service = ServiceBuilder::new()
             .layer(config.base_uri_layer())
             .option_layer(config.auth_layer()?)
@@ -314,10 +319,11 @@ impl KubernetesApi {
             };
             let Some(frame) = frame else { break };
             let frame = frame.map_err(|e| Status::unavailable(format!("Kubernetes API response failed: {e}")))?;
-            if let Ok(data) = frame.into_data()
-                && !data.is_empty()
-            {
-                responder.message(HttpFrame::body(data).to_bytes()).await?;
+            if let Ok(data) = frame.into_data() {
+                // Bounded messages keep every hop's buffers bounded in bytes.
+                for piece in kas_proto::flow::split_chunk(data) {
+                    responder.message(HttpFrame::body(piece).to_bytes()).await?;
+                }
             }
         }
         responder.trailer(Default::default()).await

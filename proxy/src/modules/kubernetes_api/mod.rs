@@ -155,8 +155,11 @@ where
                 Ok(chunk) if chunk.is_empty() => continue,
                 Ok(chunk) => {
                     crate::metrics::proxied_bytes("request", chunk.len());
-                    if sender.send(ConnectResponse::message(HttpFrame::body(chunk).to_bytes())).await.is_err() {
-                        return;
+                    // Bounded messages keep every hop's buffers bounded in bytes.
+                    for piece in kas_proto::flow::split_chunk(chunk) {
+                        if sender.send(ConnectResponse::message(HttpFrame::body(piece).to_bytes())).await.is_err() {
+                            return;
+                        }
                     }
                 }
                 Err(e) => {

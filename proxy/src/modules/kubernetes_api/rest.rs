@@ -86,6 +86,7 @@ async fn proxy_inner(
         path.push_str(query);
     }
     let upgrade = is_upgrade(request.headers());
+    let progress = request.extensions().get::<crate::server::rest_serve::WriteProgress>().cloned();
     // Taken before the body: after a 101 this is the caller's connection, as raw bytes.
     let on_upgrade = if upgrade { request.extensions_mut().remove::<hyper::upgrade::OnUpgrade>() } else { None };
     let head = HttpRequestHead {
@@ -138,7 +139,13 @@ async fn proxy_inner(
             std::io::Error::other(e.public_message())
         })
     });
-    let mut response = Response::new(Body::from_stream(body));
+    // HTTP/1.1: passed on no faster than the caller's socket takes it (hyper would otherwise
+    // buffer up to 64 KiB per connection for a caller that stopped reading).
+    let body = match progress {
+        Some(progress) => Body::from_stream(progress.gate(body)),
+        None => Body::from_stream(body),
+    };
+    let mut response = Response::new(body);
     *response.status_mut() = status;
     *response.headers_mut() = headers;
     response.extensions_mut().insert(ProxiedResponse);

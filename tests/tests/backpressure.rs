@@ -1,0 +1,183 @@
+//! Back-pressure (issue 12): callers that ask for a large proxied response and never read it
+//! ([`SlowClient`]) must neither stall other requests to the same agent (all tunnels of an agent
+//! share one HTTP/2 connection) nor make kas hold their responses in memory.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
+use std::time::{Duration, Instant};
+
+use kas::registry::redis::RedisConfig;
+use kas_e2e::process::{start_agentk_with_args, start_kas_with_config};
+use kas_e2e::slow_client::{SlowClient, rss_mib};
+use kas_e2e::{Cluster, FakeKube, RedisServer, eventually};
+
+const BIG_LOG: &str = "/api/v1/agents/1/kubernetes/api/v1/namespaces/default/pods/big/log";
+const SMALL_OBJECT: &str = "/api/v1/agents/1/kubernetes/api/v1/namespaces/default/pods/small";
+
+/// p99 of good requests while slow clients hold unread responses (issue 12's bound).
+const GOOD_P99_LIMIT: Duration = Duration::from_millis(100);
+/// How much either kas may grow with 1,000 unread streams in flight (issue 12's bound).
+const RSS_GROWTH_LIMIT_MIB: f64 = 64.0;
+
+fn p99(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[(samples.len() * 99).div_ceil(100) - 1]
+}
+
+#[tokio::test]
+async fn ten_unread_large_responses_do_not_slow_other_requests_to_the_same_agent() {
+    let c = Cluster::builder().start().await;
+    let _agentk = c.start_agentk(1, 0, "agentk-0").await;
+    c.kube.add_pod("default", "small");
+    c.kube.add_pod("default", "big");
+    c.kube.add_big_log("default", "big", 8 * 1024 * 1024);
+    let rest = c.kas[0].addresses.rest;
+    let jwt = c.gitlab_jwt();
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().unwrap();
+    let get_small = || async {
+        let started = Instant::now();
+        let r = client.get(format!("http://{rest}{SMALL_OBJECT}")).bearer_auth(&jwt).send().await;
+        let ok = match r {
+            Ok(r) => r.status().is_success() && r.bytes().await.is_ok(),
+            Err(_) => false,
+        };
+        (ok, started.elapsed())
+    };
+    // Warm: the first request pays for connection setup and tunnel creation.
+    assert!(get_small().await.0);
+
+    let idle_before = c.kas[0].handle.tunnel_stats().await.unwrap().idle_tunnels;
+    let (slow, failed) = SlowClient::open_many(rest, BIG_LOG, &jwt, 10, 10, Duration::from_secs(10)).await;
+    assert!(failed.is_empty() && slow.iter().all(|s| s.status == 200), "{failed:?}");
+    // Measured in the steady state the issue describes, where only unread bytes sit in the
+    // buffers: the fake API server (in this process, on the same CPUs) first pushes megabytes
+    // per stream into loopback socket buffers, which costs the good requests CPU time, not
+    // flow-control windows. Steady once it has handed out nothing new for 300 ms.
+    let mut last = (u64::MAX, Instant::now());
+    eventually!({
+        let sent = c.kube.big_log_bytes_sent();
+        if sent != last.0 {
+            last = (sent, Instant::now());
+        }
+        last.1.elapsed() > Duration::from_millis(300)
+    });
+    // The slow clients took 10 tunnels; agentk's pool replaces them (the pool's latency, not
+    // the data path's, which is what this test measures).
+    eventually!(c.kas[0].handle.tunnel_stats().await.unwrap().idle_tunnels >= idle_before);
+
+    let mut latencies = Vec::new();
+    let mut failed = 0;
+    for _ in 0..50 {
+        let (ok, took) = get_small().await;
+        failed += usize::from(!ok);
+        latencies.push(took);
+    }
+    let median = {
+        let mut l = latencies.clone();
+        l.sort();
+        l[l.len() / 2]
+    };
+    let p99 = p99(latencies);
+    eprintln!("with 10 unread 8 MiB responses: {failed} of 50 good requests failed, median {median:?}, p99 {p99:?}");
+    assert_eq!(failed, 0, "good requests failed while slow clients held unread responses (p99 {p99:?})");
+    assert!(p99 < GOOD_P99_LIMIT, "p99 of good requests {p99:?}");
+    drop(slow);
+}
+
+#[tokio::test]
+#[ignore = "issue 12 item 2: not yet bounded to 64 MiB (with 128 KiB windows: routing kas +155-163 MiB, \
+            gateway +290-361 MiB; before the fix 997 of 1,000 streams never started); run with --ignored"]
+async fn a_thousand_unread_streams_through_a_gateway_kas_keep_both_kas_memory_bounded() {
+    const STREAMS: usize = 1000;
+    let dir = tempfile::tempdir().unwrap();
+    let dev = kas::standalone::ensure_dev_setup(&dir.path().join("dev")).unwrap();
+    let redis = RedisServer::start().await;
+    let mut config = dev.config.clone().with_ephemeral_ports();
+    let mut redis_config = RedisConfig::new(redis.url());
+    redis_config.key_prefix = format!("kas-test-{}", rand::random::<u32>());
+    config.registry.redis = Some(redis_config);
+    // Every stream really in flight: neither kas nor agentk may refuse or queue any of them.
+    config.routing.max_concurrent_requests = 4 * STREAMS;
+    config.routing.max_concurrent_requests_per_agent = 4 * STREAMS;
+    let kas_a = start_kas_with_config(&config, dir.path()).await;
+    let kas_b = start_kas_with_config(&config, dir.path()).await;
+
+    let kube = FakeKube::start().await;
+    kube.add_pod("default", "small");
+    kube.add_pod("default", "big");
+    kube.add_big_log("default", "big", 8 * 1024 * 1024);
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, kube.kubeconfig()).unwrap();
+    let max_tunnels = (2 * STREAMS).to_string();
+    let mut agentk = start_agentk_with_args(
+        kas_b.addresses.agent,
+        &dev.agent_token_file,
+        &kubeconfig,
+        "agentk-0",
+        "agentk",
+        &["--max-tunnels", &max_tunnels, "--min-idle-tunnels", "50"],
+    );
+    agentk.wait_for_message("connected to kas").await;
+
+    let secret = kas::auth::Secret::from_file(&dev.gitlab_secret_file).unwrap();
+    let jwt = kas::auth::mint_jwt(&secret, "gitlab", "gitlab-kas", Duration::from_secs(600)).unwrap();
+    let rest_a = kas_a.addresses.rest;
+    let client = reqwest::Client::new();
+    // Through kas A (which does not hold the agent) once the registry shows the agent.
+    eventually!(
+        client
+            .get(format!("http://{rest_a}{SMALL_OBJECT}"))
+            .bearer_auth(&jwt)
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success()),
+        "a request through kas A reaches the agent on kas B"
+    );
+    // A few large responses read to the end first, so both kas's allocators have seen the data
+    // path (the baseline is a warm process, not a fresh one).
+    for _ in 0..3 {
+        let body = client.get(format!("http://{rest_a}{BIG_LOG}")).bearer_auth(&jwt).send().await.unwrap();
+        assert_eq!(body.bytes().await.unwrap().len(), 8 * 1024 * 1024);
+    }
+    let (a_before, b_before) = (rss_mib(kas_a.process.pid()), rss_mib(kas_b.process.pid()));
+
+    // Peak RSS of both, sampled from before the first slow client until the end of the
+    // measurement window.
+    let (pid_a, pid_b) = (kas_a.process.pid(), kas_b.process.pid());
+    let sampling = tokio_util::sync::CancellationToken::new();
+    let sampler = tokio::spawn({
+        let stop = sampling.clone();
+        async move {
+            let (mut a, mut b) = (0f64, 0f64);
+            while !stop.is_cancelled() {
+                a = a.max(rss_mib(pid_a));
+                b = b.max(rss_mib(pid_b));
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            (a, b)
+        }
+    });
+    let (slow, failed) = SlowClient::open_many(rest_a, BIG_LOG, &jwt, STREAMS, 100, Duration::from_secs(20)).await;
+    // Every stream is now in flight and its buffers fill as fast as the hops allow; keep
+    // sampling for a while (a measurement window, not a synchronisation).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    sampling.cancel();
+    let (a_peak, b_peak) = sampler.await.unwrap();
+    eprintln!(
+        "RSS with {} of {STREAMS} unread streams open: routing kas {a_before:.1} -> {a_peak:.1} MiB, gateway kas \
+         {b_before:.1} -> {b_peak:.1} MiB, agentk {:.1} MiB",
+        slow.len(),
+        rss_mib(agentk.pid())
+    );
+    assert!(
+        failed.is_empty() && slow.iter().all(|s| s.status == 200),
+        "{} streams did not start: {:?}",
+        failed.len(),
+        failed.first()
+    );
+    assert!(a_peak - a_before < RSS_GROWTH_LIMIT_MIB, "routing kas grew {a_before:.1} -> {a_peak:.1} MiB");
+    assert!(b_peak - b_before < RSS_GROWTH_LIMIT_MIB, "gateway kas grew {b_before:.1} -> {b_peak:.1} MiB");
+    // Both still serve while the slow clients are connected.
+    let good = client.get(format!("http://{rest_a}{SMALL_OBJECT}")).bearer_auth(&jwt).send().await.unwrap();
+    assert!(good.status().is_success());
+    drop(slow);
+}
