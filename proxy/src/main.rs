@@ -158,6 +158,9 @@ async fn run(
             None => config.registry.redis = Some(kas::registry::redis::RedisConfig::new(url)),
         }
     }
+    // Before binding: the default per-listener connection caps follow this limit.
+    let open_files = kas::server::listen::raise_fd_limit();
+    tracing::info!(open_files, "open file limit");
     let bound = kas::App::new(config).bind().await?;
     if let Some(dev) = dev {
         let a = bound.addresses();

@@ -1,0 +1,211 @@
+//! Every listener bounds its connections: half-open connections are closed after
+//! `connections.handshake_timeout`, a flood of idle connections on one listener leaves the
+//! others and readiness working, and on SIGTERM the external listeners refuse new connections
+//! while the observability listener answers until kas exits. kas runs as a real process (its
+//! own file descriptor limit).
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use kas_e2e::eventually;
+use kas_e2e::process::{self, ConfiguredKas};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+/// The HTTP/2 client connection preface.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+async fn start_kas(dir: &Path, configure: impl FnOnce(&mut kas::Config)) -> ConfiguredKas {
+    let setup = kas::standalone::ensure_dev_setup(&dir.join("dev")).unwrap();
+    let mut config = setup.config.with_ephemeral_ports();
+    configure(&mut config);
+    process::start_kas_with_config(&config, dir).await
+}
+
+/// Reads until the server closes the connection (EOF or reset); how long that took, or None if
+/// it was still open after `limit`.
+async fn closed_within(mut s: TcpStream, limit: Duration) -> Option<Duration> {
+    let start = Instant::now();
+    let mut buf = [0u8; 4096];
+    loop {
+        match tokio::time::timeout_at(start + limit, s.read(&mut buf)).await {
+            Err(_) => return None,
+            Ok(Ok(0) | Err(_)) => return Some(start.elapsed()),
+            Ok(Ok(_)) => {} // e.g. the server's SETTINGS frame
+        }
+    }
+}
+
+async fn connect_and_send(address: SocketAddr, bytes: &[u8]) -> TcpStream {
+    let mut s = TcpStream::connect(address).await.unwrap();
+    s.write_all(bytes).await.unwrap();
+    s
+}
+
+#[tokio::test]
+async fn half_open_connections_are_closed_after_the_handshake_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let timeout = Duration::from_secs(1);
+    let kas = start_kas(dir.path(), |c| c.connections.handshake_timeout = timeout).await;
+    let a = kas.addresses;
+    let settings_header_only: &[u8] = &[0, 0, 6, 4, 0, 0, 0, 0, 0]; // 6 payload bytes never come
+    let cases: Vec<(&str, SocketAddr, Vec<u8>)> = vec![
+        ("rest, nothing sent", a.rest, vec![]),
+        ("rest, partial HTTP/1 head", a.rest, b"GET /openapi.json HTTP/1.1\r\nHost: kas\r\n".to_vec()),
+        ("rest, partial HTTP/2 preface", a.rest, H2_PREFACE[..16].to_vec()),
+        ("observability, nothing sent", a.observability, vec![]),
+        ("observability, partial HTTP/1 head", a.observability, b"GET /livez HTTP/1.1\r\n".to_vec()),
+        ("api, nothing sent", a.api, vec![]),
+        ("api, partial HTTP/2 preface", a.api, H2_PREFACE[..10].to_vec()),
+        ("agent, preface and part of SETTINGS", a.agent, [H2_PREFACE, settings_header_only].concat()),
+        ("internal, partial HTTP/2 preface", a.internal, H2_PREFACE[..20].to_vec()),
+    ];
+    // A connection that completed its handshake is not touched by the timeout.
+    let complete = connect_and_send(a.api, &[H2_PREFACE, &[0, 0, 0, 4, 0, 0, 0, 0, 0]].concat()).await;
+    let checks = cases.into_iter().map(|(name, address, bytes)| async move {
+        let s = connect_and_send(address, &bytes).await;
+        (name, closed_within(s, Duration::from_secs(10)).await)
+    });
+    let results = futures::future::join_all(checks).await;
+    for (name, closed) in &results {
+        let took = closed.unwrap_or_else(|| panic!("{name}: still open 10 s after connecting (timeout {timeout:?})"));
+        assert!(took >= timeout - Duration::from_millis(100), "{name}: closed after {took:?}, before the timeout");
+    }
+    assert_eq!(
+        closed_within(complete, timeout * 2).await,
+        None,
+        "a connection that completed the HTTP/2 handshake was closed"
+    );
+}
+
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)
+}
+
+/// 20,000 connections that send nothing, held by two Python processes (10,000 each: the file
+/// descriptor limit here is 20,000 per process and cannot be raised).
+async fn flood(target: SocketAddr) -> Vec<tokio::process::Child> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/idle_connections.py");
+    let mut children = Vec::new();
+    for _ in 0..2 {
+        let mut child = tokio::process::Command::new("python3")
+            .arg(&script)
+            .arg(target.ip().to_string())
+            .arg(target.port().to_string())
+            .arg("10000")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("python3 is required for this test");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).await.unwrap();
+        assert_eq!(line.trim(), "started", "idle_connections.py did not start");
+        children.push(child);
+    }
+    children
+}
+
+#[tokio::test]
+async fn twenty_thousand_idle_connections_leave_kas_ready_and_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    // Default settings: the protection must not depend on tuning.
+    let mut kas = start_kas(dir.path(), |_| {}).await;
+    let a = kas.addresses;
+    let pid = kas.process.pid();
+    let _flood = flood(a.agent).await;
+    // kas took thousands of them (before the fix: all, until it ran out of descriptors).
+    eventually!(open_fds(pid) >= 4000, "kas holds {} descriptors", open_fds(pid));
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
+    let started = Instant::now();
+    let readyz = http.get(format!("http://{}/readyz", a.observability)).send().await;
+    let status = readyz.as_ref().map(|r| r.status().as_u16());
+    assert_eq!(status.ok(), Some(200), "/readyz during the flood: {readyz:?} (kas holds {} fds)", open_fds(pid));
+    let openapi = http.get(format!("http://{}/openapi.json", a.rest)).send().await;
+    assert_eq!(openapi.as_ref().map(|r| r.status().as_u16()).ok(), Some(200), "rest during the flood: {openapi:?}");
+    assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+    // Bounded by the cap, with room left for everything else.
+    assert!(open_fds(pid) < 19_000, "kas holds {} descriptors", open_fds(pid));
+    kas.process.wait_for_message("listener at its connection limit: new connections wait until one closes").await;
+}
+
+/// `GET /api/v1/agents/1/pods` for an agent that is not connected: it waits (in flight) for the
+/// agent until `routing.max_wait`.
+fn waiting_request(kas: &ConfiguredKas, dir: &Path) -> tokio::task::JoinHandle<Result<reqwest::Response, reqwest::Error>> {
+    let secret = kas::auth::Secret::from_file(&dir.join("dev/gitlab-secret")).unwrap();
+    let jwt = kas::auth::mint_jwt(&secret, "gitlab", "gitlab-kas", Duration::from_secs(300)).unwrap();
+    let url = format!("http://{}/api/v1/agents/1/pods", kas.addresses.rest);
+    tokio::spawn(async move { reqwest::Client::new().get(url).bearer_auth(jwt).send().await })
+}
+
+async fn status(http: &reqwest::Client, url: String) -> Option<u16> {
+    http.get(url).send().await.ok().map(|r| r.status().as_u16())
+}
+
+/// Whether a new connection to `address` is refused at once, or answered with 503 (HTTP): not
+/// left hanging in an accept queue nobody serves.
+async fn refused_promptly(address: SocketAddr, http_path: Option<&str>) -> Result<(), String> {
+    let attempt = async {
+        let mut s = match TcpStream::connect(address).await {
+            Err(_) => return Ok(()),
+            Ok(s) => s,
+        };
+        let Some(path) = http_path else {
+            return match closed_within(s, Duration::from_secs(2)).await {
+                Some(_) => Ok(()),
+                None => Err("connected and left open".to_owned()),
+            };
+        };
+        let _ = s.write_all(format!("GET {path} HTTP/1.1\r\nHost: kas\r\nConnection: close\r\n\r\n").as_bytes()).await;
+        let mut answer = Vec::new();
+        let _ = s.read_to_end(&mut answer).await;
+        let answer = String::from_utf8_lossy(&answer);
+        if answer.is_empty() || answer.starts_with("HTTP/1.1 503") {
+            Ok(())
+        } else {
+            Err(format!("answered {answer}"))
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(3), attempt).await.map_err(|_| "no answer within 3 s".to_owned())?
+}
+
+#[tokio::test]
+async fn while_draining_new_connections_are_refused_and_probes_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let kas = start_kas(dir.path(), |c| {
+        c.shutdown.grace_period = Duration::from_secs(8);
+        c.routing.max_wait = Duration::from_secs(30);
+    })
+    .await;
+    let a = kas.addresses;
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().unwrap();
+    let in_flight = waiting_request(&kas, dir.path());
+    let metrics = format!("http://{}/metrics", a.observability);
+    eventually!(
+        http.get(&metrics).send().await.unwrap().text().await.unwrap().contains("kas_waiting_requests 1"),
+        "the request waits for its agent"
+    );
+    assert_eq!(status(&http, format!("http://{}/readyz", a.observability)).await, Some(200));
+
+    let pid = kas.process.pid();
+    assert!(std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status().unwrap().success());
+    let draining = Instant::now();
+    eventually!(
+        status(&http, format!("http://{}/readyz", a.observability)).await == Some(503),
+        "/readyz answers 503 while kas drains"
+    );
+    assert_eq!(status(&http, format!("http://{}/livez", a.observability)).await, Some(200), "/livez while draining");
+    for (name, address, path) in
+        [("rest", a.rest, Some("/openapi.json")), ("api", a.api, None), ("internal", a.internal, None), ("agent", a.agent, None)]
+    {
+        refused_promptly(address, path).await.unwrap_or_else(|e| panic!("{name} listener while draining: {e}"));
+    }
+    assert!(!in_flight.is_finished(), "the in-flight request ended before the checks: not draining any more");
+    assert!(draining.elapsed() < Duration::from_secs(8), "checks took longer than the grace period");
+    let status = kas.process.terminate().await;
+    assert!(status.success(), "kas exit: {status}");
+}
