@@ -82,6 +82,39 @@ async fn half_open_connections_are_closed_after_the_handshake_timeout() {
     );
 }
 
+#[tokio::test]
+async fn tls_handshakes_that_never_finish_are_closed_after_the_handshake_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let (certificate_file, key_file) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    std::fs::write(&certificate_file, cert.cert.pem()).unwrap();
+    std::fs::write(&key_file, cert.signing_key.serialize_pem()).unwrap();
+    let tls = kas::config::TlsConfig { certificate_file, key_file };
+    let timeout = Duration::from_secs(1);
+    let kas = start_kas(dir.path(), |c| {
+        c.connections.handshake_timeout = timeout;
+        c.listeners.rest.tls = Some(tls.clone());
+        c.listeners.agent.tls = Some(tls.clone());
+    })
+    .await;
+    // The first bytes of a TLS record carrying a ClientHello; the rest never comes.
+    let partial_client_hello: &[u8] = &[0x16, 0x03, 0x01, 0x02, 0x00, 0x01];
+    let cases = [
+        ("rest (TLS), nothing sent", kas.addresses.rest, &[][..]),
+        ("rest (TLS), partial ClientHello", kas.addresses.rest, partial_client_hello),
+        ("agent (TLS), nothing sent", kas.addresses.agent, &[][..]),
+        ("agent (TLS), partial ClientHello", kas.addresses.agent, partial_client_hello),
+    ];
+    let checks = cases.into_iter().map(|(name, address, bytes)| async move {
+        let s = connect_and_send(address, bytes).await;
+        (name, closed_within(s, Duration::from_secs(10)).await)
+    });
+    for (name, closed) in futures::future::join_all(checks).await {
+        let took = closed.unwrap_or_else(|| panic!("{name}: still open 10 s after connecting (timeout {timeout:?})"));
+        assert!(took >= timeout - Duration::from_millis(100), "{name}: closed after {took:?}, before the timeout");
+    }
+}
+
 fn open_fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)
 }
