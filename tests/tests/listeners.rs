@@ -123,6 +123,41 @@ async fn tls_handshakes_that_never_finish_are_closed_after_the_handshake_timeout
     assert_closed_after(timeout, futures::future::join_all(checks).await);
 }
 
+/// The SETTINGS the server sends first on an HTTP/2 (prior knowledge) connection, as (id, value).
+async fn server_settings(address: SocketAddr) -> Vec<(u16, u32)> {
+    let mut s = connect_and_send(address, &[H2_PREFACE, &[0, 0, 0, 4, 0, 0, 0, 0, 0]].concat()).await;
+    let mut header = [0u8; 9];
+    tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut header)).await.unwrap().unwrap();
+    assert_eq!(header[3], 4, "the first frame is not SETTINGS: {header:?}");
+    let length = usize::from(header[0]) << 16 | usize::from(header[1]) << 8 | usize::from(header[2]);
+    let mut payload = vec![0u8; length];
+    s.read_exact(&mut payload).await.unwrap();
+    payload
+        .chunks_exact(6)
+        .map(|c| (u16::from_be_bytes([c[0], c[1]]), u32::from_be_bytes([c[2], c[3], c[4], c[5]])))
+        .collect()
+}
+
+#[tokio::test]
+async fn http2_listeners_advertise_max_concurrent_streams() {
+    const MAX_CONCURRENT_STREAMS: u16 = 3;
+    let dir = tempfile::tempdir().unwrap();
+    let kas = start_kas(dir.path(), |_| {}).await;
+    let a = kas.addresses;
+    let defaults = kas::Config::default();
+    let streams = defaults.connections.max_concurrent_streams;
+    let internal = u32::try_from(defaults.routing.max_concurrent_requests).unwrap().max(streams);
+    for (name, address, expected) in
+        [("agent", a.agent, streams), ("api", a.api, streams), ("internal", a.internal, internal), ("rest", a.rest, streams)]
+    {
+        let settings = server_settings(address).await;
+        let advertised = settings.iter().find(|(id, _)| *id == MAX_CONCURRENT_STREAMS).map(|(_, v)| *v);
+        assert_eq!(advertised, Some(expected), "{name} listener's SETTINGS: {settings:?}");
+    }
+    // agentk opens up to --max-tunnels (500 by default) streams on its one connection.
+    assert!(streams > 500);
+}
+
 fn open_fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)
 }
