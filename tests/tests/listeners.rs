@@ -165,14 +165,19 @@ fn open_fds(pid: u32) -> usize {
 /// 20,000 connections that send nothing, held by two Python processes (10,000 each: the file
 /// descriptor limit here is 20,000 per process and cannot be raised).
 async fn flood(target: SocketAddr) -> Vec<tokio::process::Child> {
+    idle_connections(target, 10_000, &["127.0.0.2", "127.0.0.3"]).await
+}
+
+/// `per_source` idle connections to `target` from each source address, one Python child each.
+async fn idle_connections(target: SocketAddr, per_source: u32, sources: &[&str]) -> Vec<tokio::process::Child> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/idle_connections.py");
     let mut children = Vec::new();
-    for source in ["127.0.0.2", "127.0.0.3"] {
+    for source in sources {
         let child = tokio::process::Command::new("python3")
             .arg(&script)
             .arg(target.ip().to_string())
             .arg(target.port().to_string())
-            .arg("10000")
+            .arg(per_source.to_string())
             .arg(source)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -236,6 +241,37 @@ async fn twenty_thousand_idle_connections_leave_kas_ready_and_serving() {
     // Bounded by the cap ((4096 - 1024) / 4 = 768 on the agent listener), room left for the rest.
     assert!(open_fds(pid) < 1000, "kas holds {} descriptors", open_fds(pid));
     kas.process.wait_for_message("listener at its connection limit: new connections wait until one closes").await;
+}
+
+#[tokio::test]
+async fn when_out_of_descriptors_kas_backs_off_logs_once_and_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let setup = kas::standalone::ensure_dev_setup(&dir.path().join("dev")).unwrap();
+    let mut config = setup.config.with_ephemeral_ports();
+    // A cap above the descriptor limit: accept() itself fails (EMFILE).
+    config.connections.max_per_listener = Some(10_000);
+    let mut kas = process::start_kas_with_config_and_fd_limit(&config, dir.path(), 64, 64).await;
+    let a = kas.addresses;
+    let flood = idle_connections(a.rest, 200, &["127.0.0.2"]).await;
+    let accept_warning =
+        |v: &serde_json::Value| v["level"] == "WARN" && process::log_message(v).is_some_and(|m| m.contains("accept"));
+    kas.process.wait_for_log("a warning that accepting failed", accept_warning).await;
+    // A window in which a loop retrying at once (or logging every retry) would have logged again.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let warnings = kas
+        .process
+        .stderr()
+        .lines()
+        .filter(|l| serde_json::from_str::<serde_json::Value>(l).is_ok_and(|v| accept_warning(&v)))
+        .count();
+    assert_eq!(warnings, 1, "accept failure warnings in 2 s (one per change of state expected)");
+    // The flood leaves: kas accepts again, and says so once.
+    for mut child in flood {
+        child.kill().await.unwrap();
+    }
+    kas.process.wait_for_message("listener accepting connections again").await;
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().unwrap();
+    eventually!(status(&http, format!("http://{}/readyz", a.observability)).await == Some(200), "/readyz answers 200");
 }
 
 /// `GET /api/v1/agents/1/pods` for an agent that is not connected: it waits (in flight) for the
