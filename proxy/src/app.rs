@@ -25,8 +25,8 @@ use crate::server::agent::AgentService;
 use crate::server::api::{ApiService, jwt_interceptor};
 use crate::server::internal::InternalService;
 use crate::server::listen::{self, Acceptor, ConnectionLimits};
-use crate::server::rest_serve::HttpSettings;
 use crate::server::rest::{self, RestState};
+use crate::server::rest_serve::HttpSettings;
 use crate::tunnel::{TunnelRegistry, TunnelStats};
 
 /// agentk pings are answered by the transport; kas pings too so a dead agent is noticed in
@@ -363,8 +363,7 @@ impl Bound {
         };
         let streams = config.connections.max_concurrent_streams;
         // A peer kas may forward up to its routing.max_concurrent_requests on one connection.
-        let internal_streams =
-            streams.max(u32::try_from(config.routing.max_concurrent_requests).unwrap_or(u32::MAX));
+        let internal_streams = streams.max(u32::try_from(config.routing.max_concurrent_requests).unwrap_or(u32::MAX));
         let max_message = config.limits.max_grpc_message_bytes;
         let mut agent_task = spawn_server(
             "agent",

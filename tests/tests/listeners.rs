@@ -147,9 +147,12 @@ async fn http2_listeners_advertise_max_concurrent_streams() {
     let defaults = kas::Config::default();
     let streams = defaults.connections.max_concurrent_streams;
     let internal = u32::try_from(defaults.routing.max_concurrent_requests).unwrap().max(streams);
-    for (name, address, expected) in
-        [("agent", a.agent, streams), ("api", a.api, streams), ("internal", a.internal, internal), ("rest", a.rest, streams)]
-    {
+    for (name, address, expected) in [
+        ("agent", a.agent, streams),
+        ("api", a.api, streams),
+        ("internal", a.internal, internal),
+        ("rest", a.rest, streams),
+    ] {
         let settings = server_settings(address).await;
         let advertised = settings.iter().find(|(id, _)| *id == MAX_CONCURRENT_STREAMS).map(|(_, v)| *v);
         assert_eq!(advertised, Some(expected), "{name} listener's SETTINGS: {settings:?}");
@@ -276,7 +279,10 @@ async fn when_out_of_descriptors_kas_backs_off_logs_once_and_recovers() {
 
 /// `GET /api/v1/agents/1/pods` for an agent that is not connected: it waits (in flight) for the
 /// agent until `routing.max_wait`.
-fn waiting_request(kas: &ConfiguredKas, dir: &Path) -> tokio::task::JoinHandle<Result<reqwest::Response, reqwest::Error>> {
+fn waiting_request(
+    kas: &ConfiguredKas,
+    dir: &Path,
+) -> tokio::task::JoinHandle<Result<reqwest::Response, reqwest::Error>> {
     let secret = kas::auth::Secret::from_file(&dir.join("dev/gitlab-secret")).unwrap();
     let jwt = kas::auth::mint_jwt(&secret, "gitlab", "gitlab-kas", Duration::from_secs(300)).unwrap();
     let url = format!("http://{}/api/v1/agents/1/pods", kas.addresses.rest);
@@ -305,11 +311,7 @@ async fn refused_promptly(address: SocketAddr, http_path: Option<&str>) -> Resul
         let mut answer = Vec::new();
         let _ = s.read_to_end(&mut answer).await;
         let answer = String::from_utf8_lossy(&answer);
-        if answer.is_empty() || answer.starts_with("HTTP/1.1 503") {
-            Ok(())
-        } else {
-            Err(format!("answered {answer}"))
-        }
+        if answer.is_empty() || answer.starts_with("HTTP/1.1 503") { Ok(()) } else { Err(format!("answered {answer}")) }
     };
     tokio::time::timeout(Duration::from_secs(3), attempt).await.map_err(|_| "no answer within 3 s".to_owned())?
 }
@@ -340,9 +342,12 @@ async fn while_draining_new_connections_are_refused_and_probes_answer() {
         "/readyz answers 503 while kas drains"
     );
     assert_eq!(status(&http, format!("http://{}/livez", a.observability)).await, Some(200), "/livez while draining");
-    for (name, address, path) in
-        [("rest", a.rest, Some("/openapi.json")), ("api", a.api, None), ("internal", a.internal, None), ("agent", a.agent, None)]
-    {
+    for (name, address, path) in [
+        ("rest", a.rest, Some("/openapi.json")),
+        ("api", a.api, None),
+        ("internal", a.internal, None),
+        ("agent", a.agent, None),
+    ] {
         refused_promptly(address, path).await.unwrap_or_else(|e| panic!("{name} listener while draining: {e}"));
     }
     assert!(!in_flight.is_finished(), "the in-flight request ended before the checks: not draining any more");

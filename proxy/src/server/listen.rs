@@ -190,8 +190,10 @@ pub fn grpc_incoming(
                 a = acceptor.accept() => a,
             };
             let Accepted { tcp, permit, deadline } = accepted;
-            let connect_info =
-                tonic::transport::server::TcpConnectInfo { local_addr: tcp.local_addr().ok(), remote_addr: tcp.peer_addr().ok() };
+            let connect_info = tonic::transport::server::TcpConnectInfo {
+                local_addr: tcp.local_addr().ok(),
+                remote_addr: tcp.peer_addr().ok(),
+            };
             match &tls {
                 None => {
                     let io = Guarded::new(Either::Left(tcp), permit, deadline, connect_info);
@@ -266,7 +268,8 @@ impl Handshake {
                 Handshake::FramePayload(remaining) => {
                     let take = u32::try_from(bytes.len()).unwrap_or(u32::MAX).min(remaining);
                     bytes = &bytes[take as usize..];
-                    *self = if take == remaining { Handshake::Complete } else { Handshake::FramePayload(remaining - take) };
+                    *self =
+                        if take == remaining { Handshake::Complete } else { Handshake::FramePayload(remaining - take) };
                 }
                 Handshake::Complete => return,
             }

@@ -110,8 +110,10 @@ pub async fn serve(
             () = shutdown.cancelled() => break,
             accepted = acceptor.accept() => accepted,
         };
-        let connect_info =
-            tonic::transport::server::TcpConnectInfo { local_addr: tcp.local_addr().ok(), remote_addr: tcp.peer_addr().ok() };
+        let connect_info = tonic::transport::server::TcpConnectInfo {
+            local_addr: tcp.local_addr().ok(),
+            remote_addr: tcp.peer_addr().ok(),
+        };
         let service =
             TowerToHyperService::new(app.clone().map_request(|req: http::Request<Incoming>| req.map(Body::new)));
         let builder = builder.clone();
@@ -133,7 +135,8 @@ pub async fn serve(
                 None => Either::Left(tcp),
             };
             let io = Guarded::new(io, permit, deadline, connect_info);
-            let result = watcher.watch(builder.serve_connection_with_upgrades(TokioIo::new(io), service).into_owned()).await;
+            let result =
+                watcher.watch(builder.serve_connection_with_upgrades(TokioIo::new(io), service).into_owned()).await;
             if let Err(e) = result {
                 tracing::debug!(error = %e, "rest connection ended with an error");
             }
