@@ -3,7 +3,8 @@
 //! All tunnels of an agentk connection share one HTTP/2 connection (and all forwarded tunnels
 //! between two kas share one), so a stream whose reader stopped must never hold the
 //! connection's window: the connection window is sized for every stream holding its full stream
-//! window at once ([`CONNECTION_WINDOW`] = [`MAX_CONCURRENT_STREAMS`] × [`STREAM_WINDOW`]).
+//! window at once ([`connection_window`] = streams allowed × [`STREAM_WINDOW`], capped at the
+//! HTTP/2 maximum).
 //! The stream window is also what a receiving hop buffers for a reader that stopped: 1,000
 //! unread streams cost each kas about 1,000 × (window + a few chunks).
 //! See ARCHITECTURE.md ("Back-pressure") for the throughput side of the choice.
@@ -14,17 +15,21 @@
 /// lost about half of it.
 pub const STREAM_WINDOW: u32 = 128 * 1024;
 
-/// Streams one tunnel connection may carry at once (advertised as MAX_CONCURRENT_STREAMS by the
-/// agent and internal listeners): agentk's tunnels of one connection, or forwarded tunnels
-/// between two kas. Far above agentk's default of 500 tunnels.
-pub const MAX_CONCURRENT_STREAMS: u32 = 4096;
+/// The largest HTTP/2 window (2^31 - 1).
+pub const MAX_WINDOW: u32 = (1 << 31) - 1;
 
-/// HTTP/2 connection window: every stream may hold its whole window and the connection still
-/// has room, so one stuck stream (or 4,095) never stalls the others. It is a permission, not an
-/// allocation: what is buffered is bounded by the streams' windows.
-pub const CONNECTION_WINDOW: u32 = STREAM_WINDOW * MAX_CONCURRENT_STREAMS;
-// HTTP/2 windows are at most 2^31 - 1 (checked at compile time).
-const _: () = assert!(CONNECTION_WINDOW < 1 << 31);
+/// HTTP/2 connection window for a listener that allows `max_streams` streams per connection:
+/// every stream may hold its whole window and the connection still has room, so one stuck stream
+/// (or all but one) never stalls the others. It is a permission, not an allocation: what is
+/// buffered is bounded by the streams' windows.
+pub const fn connection_window(max_streams: u32) -> u32 {
+    let window = STREAM_WINDOW as u64 * max_streams as u64;
+    if window > MAX_WINDOW as u64 { MAX_WINDOW } else { window as u32 }
+}
+
+/// The connection window of the dialing side (agentk towards kas, a routing kas towards a peer):
+/// the listener's MAX_CONCURRENT_STREAMS bounds the streams, so the window never needs to.
+pub const CONNECTION_WINDOW: u32 = MAX_WINDOW;
 
 /// Largest body chunk put into one tunnel message: larger chunks are split, so a message-counted
 /// buffer is also byte-bounded. (16 KiB cost a third of the throughput in per-message work.)
@@ -48,6 +53,13 @@ pub fn split_chunk(mut chunk: bytes::Bytes) -> impl Iterator<Item = bytes::Bytes
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn connection_windows_leave_room_for_every_stream() {
+        assert_eq!(connection_window(1024), 1024 * STREAM_WINDOW);
+        assert_eq!(connection_window(u32::MAX), MAX_WINDOW);
+        assert!(connection_window(10_000) >= 10_000u32.saturating_mul(STREAM_WINDOW).min(MAX_WINDOW));
+    }
 
     #[test]
     fn chunks_are_split_without_loss() {

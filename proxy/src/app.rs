@@ -13,8 +13,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::server::TcpIncoming;
-use tonic::transport::{Identity, Server, ServerTlsConfig};
+use tonic::transport::{Identity, Server};
 
 use crate::auth::{JwtVerifier, Secret, StaticAgents, TokenVerifier};
 use crate::config::{Config, ConfigError, ListenerConfig};
@@ -25,7 +24,9 @@ use crate::router::peers::Peers;
 use crate::server::agent::AgentService;
 use crate::server::api::{ApiService, jwt_interceptor};
 use crate::server::internal::InternalService;
+use crate::server::listen::{self, Acceptor, ConnectionLimits};
 use crate::server::rest::{self, RestState};
+use crate::server::rest_serve::HttpSettings;
 use crate::tunnel::{TunnelRegistry, TunnelStats};
 
 /// agentk pings are answered by the transport; kas pings too so a dead agent is noticed in
@@ -34,6 +35,11 @@ const AGENT_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
 const AGENT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// After the grace period the agent listener gets this long to close its streams.
 const AGENT_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// The api and internal listeners ping idle callers too: a vanished GitLab or peer kas
+/// connection is closed within interval + timeout instead of holding a descriptor until TCP
+/// gives up.
+const GRPC_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+const GRPC_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
@@ -55,8 +61,6 @@ pub enum AppError {
     HttpTls { listener: &'static str, message: String },
     #[error("TLS of the {listener} listener: cannot read {path}: {source}")]
     TlsFile { listener: &'static str, path: String, source: std::io::Error },
-    #[error("TLS of the {listener} listener: {source}")]
-    Tls { listener: &'static str, source: tonic::transport::Error },
     #[error("agent registry: {0}")]
     Registry(crate::registry::RegistryError),
 }
@@ -88,9 +92,9 @@ pub struct Bound {
 /// TLS identities read at bind time, so a bad certificate fails startup, not the first call.
 #[derive(Default)]
 struct ListenerTls {
-    agent: Option<ServerTlsConfig>,
-    api: Option<ServerTlsConfig>,
-    internal: Option<ServerTlsConfig>,
+    agent: Option<tokio_rustls::TlsAcceptor>,
+    api: Option<tokio_rustls::TlsAcceptor>,
+    internal: Option<tokio_rustls::TlsAcceptor>,
     rest: Option<tokio_rustls::TlsAcceptor>,
     observability: Option<tokio_rustls::TlsAcceptor>,
 }
@@ -110,13 +114,16 @@ impl ListenerTls {
     }
 }
 
-fn load_tls(listener: &'static str, config: &ListenerConfig) -> Result<Option<ServerTlsConfig>, AppError> {
+/// gRPC listeners offer only HTTP/2 by ALPN.
+const GRPC_ALPN: &[&[u8]] = &[b"h2"];
+
+/// TLS of a gRPC listener. kas runs the handshake itself (not tonic), so that it is bounded by
+/// connections.handshake_timeout.
+fn load_tls(listener: &'static str, config: &ListenerConfig) -> Result<Option<tokio_rustls::TlsAcceptor>, AppError> {
     let Some(tls) = &config.tls else { return Ok(None) };
-    let read = |p: &std::path::Path| {
-        std::fs::read(p).map_err(|source| AppError::TlsFile { listener, path: p.display().to_string(), source })
-    };
-    let identity = Identity::from_pem(read(&tls.certificate_file)?, read(&tls.key_file)?);
-    Ok(Some(ServerTlsConfig::new().identity(identity)))
+    crate::server::rest_serve::server_tls(&tls.certificate_file, &tls.key_file, None, GRPC_ALPN)
+        .map(Some)
+        .map_err(|message| AppError::HttpTls { listener, message })
 }
 
 fn read_pem(path: &std::path::Path) -> Result<Vec<u8>, AppError> {
@@ -128,13 +135,10 @@ fn read_pem(path: &std::path::Path) -> Result<Vec<u8>, AppError> {
 }
 
 /// The internal listener's TLS from `kas_internal.tls`; mutual when client certificates are required.
-fn internal_server_tls(t: &crate::config::InternalTlsConfig) -> Result<ServerTlsConfig, AppError> {
-    let mut tls =
-        ServerTlsConfig::new().identity(Identity::from_pem(read_pem(&t.certificate_file)?, read_pem(&t.key_file)?));
-    if t.require_client_certificates {
-        tls = tls.client_ca_root(tonic::transport::Certificate::from_pem(read_pem(&t.ca_file)?));
-    }
-    Ok(tls)
+fn internal_server_tls(t: &crate::config::InternalTlsConfig) -> Result<tokio_rustls::TlsAcceptor, AppError> {
+    let client_ca = t.require_client_certificates.then_some(t.ca_file.as_path());
+    crate::server::rest_serve::server_tls(&t.certificate_file, &t.key_file, client_ca, GRPC_ALPN)
+        .map_err(|message| AppError::HttpTls { listener: "internal", message })
 }
 
 /// How this kas dials peers: their certificate verified against the kas CA for `server_name`,
@@ -146,22 +150,19 @@ fn internal_client_tls(t: &crate::config::InternalTlsConfig) -> Result<tonic::tr
         .identity(Identity::from_pem(read_pem(&t.certificate_file)?, read_pem(&t.key_file)?)))
 }
 
-/// A server builder for one listener, with TLS when configured.
-fn builder(listener: &'static str, tls: Option<ServerTlsConfig>) -> Result<Server, AppError> {
-    let builder = Server::builder();
-    match tls {
-        Some(tls) => builder.tls_config(tls).map_err(|source| AppError::Tls { listener, source }),
-        None => Ok(builder),
-    }
+/// A server builder for one gRPC listener (TLS, when configured, is done by its incoming
+/// stream: see `listen::grpc_incoming`).
+fn builder(max_concurrent_streams: u32) -> Server {
+    Server::builder().max_concurrent_streams(max_concurrent_streams)
 }
 
-/// HTTP/2 flow control of the listeners that carry tunnels (agent, internal): one stream's unread
-/// bytes never hold the shared connection's window (`kas_proto::flow`).
-fn tunnel_flow_control(server: Server) -> Server {
+/// HTTP/2 flow control of the gRPC listeners (tunnels on agent and internal, request bodies on
+/// api): one stream's unread bytes never hold the shared connection's window, whatever the
+/// number of streams the listener allows (`kas_proto::flow`).
+fn flow_control(server: Server, max_streams: u32) -> Server {
     server
         .initial_stream_window_size(kas_proto::flow::STREAM_WINDOW)
-        .initial_connection_window_size(kas_proto::flow::CONNECTION_WINDOW)
-        .max_concurrent_streams(kas_proto::flow::MAX_CONCURRENT_STREAMS)
+        .initial_connection_window_size(kas_proto::flow::connection_window(max_streams))
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -382,22 +383,31 @@ impl Bound {
             connections_per_minute: config.limits.agent_connections_per_minute,
             auth_failures: Arc::new(crate::server::agent::AuthFailures::new(&config.auth.failed_agent_authentications)),
         };
-        let incoming = |l: TcpListener| TcpIncoming::from(l).with_nodelay(Some(true));
+        // Every listener: capped connections, a handshake deadline, TCP keepalive.
+        let limits = ConnectionLimits {
+            max_connections: config.connections.max_per_listener.unwrap_or_else(listen::default_max_connections),
+            handshake_timeout: config.connections.handshake_timeout,
+        };
+        let incoming = |name: &'static str, l: TcpListener, tls: Option<tokio_rustls::TlsAcceptor>| {
+            listen::grpc_incoming(Acceptor::new(name, l, limits), tls, shutdown.clone())
+        };
+        let streams = config.connections.max_concurrent_streams;
+        // A peer kas may forward up to its routing.max_concurrent_requests on one connection.
+        let internal_streams = streams.max(u32::try_from(config.routing.max_concurrent_requests).unwrap_or(u32::MAX));
         let max_message = config.limits.max_grpc_message_bytes;
         let mut agent_task = spawn_server(
             "agent",
-            tunnel_flow_control(builder("agent", tls.agent)?)
+            flow_control(builder(streams), streams)
                 .http2_keepalive_interval(Some(AGENT_KEEPALIVE_INTERVAL))
                 .http2_keepalive_timeout(Some(AGENT_KEEPALIVE_TIMEOUT))
                 .add_service(AgentTunnelServer::new(agent_service).max_decoding_message_size(max_message))
-                .serve_with_incoming_shutdown(incoming(agent), shutdown.clone().cancelled_owned()),
+                .serve_with_incoming_shutdown(incoming("agent", agent, tls.agent), shutdown.clone().cancelled_owned()),
         );
         let mut api_task = spawn_server(
             "api",
-            builder("api", tls.api)?
-                // Request bodies of MakeKubernetesRequest: bounded per stream like every tunnel hop.
-                .initial_stream_window_size(kas_proto::flow::STREAM_WINDOW)
-                .initial_connection_window_size(kas_proto::flow::CONNECTION_WINDOW)
+            flow_control(builder(streams), streams)
+                .http2_keepalive_interval(Some(GRPC_KEEPALIVE_INTERVAL))
+                .http2_keepalive_timeout(Some(GRPC_KEEPALIVE_TIMEOUT))
                 .add_service(InterceptedService::new(
                     KasApiServer::new(ApiService { router: router.clone() }).max_decoding_message_size(max_message),
                     jwt_interceptor(
@@ -406,7 +416,7 @@ impl Bound {
                             .for_listener("api"),
                     ),
                 ))
-                .serve_with_incoming_shutdown(incoming(api), shutdown.clone().cancelled_owned()),
+                .serve_with_incoming_shutdown(incoming("api", api, tls.api), shutdown.clone().cancelled_owned()),
         );
         let rest_state = RestState {
             router: router.clone(),
@@ -419,28 +429,44 @@ impl Bound {
         // in-flight requests finish (bounded by the grace period below).
         let rest_shutdown = shutdown.clone();
         let rest_tls = tls.rest;
-        let max_header_bytes = config.limits.max_http_header_bytes;
-        // Up until kas has stopped: probes and scrapes work during the drain.
+        let http = HttpSettings {
+            max_header_bytes: config.limits.max_http_header_bytes,
+            handshake_timeout: config.connections.handshake_timeout,
+            max_concurrent_streams: streams,
+        };
+        // Up until kas has stopped: probes and scrapes work during the drain. Its own small
+        // connection cap: floods of the other listeners cannot take its descriptors.
         let stop_observability = CancellationToken::new();
+        let observability_limits =
+            ConnectionLimits { max_connections: listen::OBSERVABILITY_MAX_CONNECTIONS, ..limits };
         let observability_task = tokio::spawn(crate::server::rest_serve::serve(
-            observability,
+            Acceptor::new("observability", observability, observability_limits),
             tls.observability,
             crate::server::observability::router(crate::server::observability::ObservabilityState {
                 tunnels: tunnels.clone(),
                 registry: registry.clone(),
                 registry_required: config.registry.redis.is_some(),
+                shutdown: shutdown.clone(),
             }),
-            config.limits.max_http_header_bytes,
+            http,
             stop_observability.clone(),
         ));
         let mut rest_task = tokio::spawn(async move {
-            crate::server::rest_serve::serve(rest, rest_tls, rest::router(rest_state), max_header_bytes, rest_shutdown)
-                .await;
+            crate::server::rest_serve::serve(
+                Acceptor::new("rest", rest, limits),
+                rest_tls,
+                rest::router(rest_state),
+                http,
+                rest_shutdown,
+            )
+            .await;
             Ok(())
         });
         let mut internal_task = spawn_server(
             "internal",
-            tunnel_flow_control(builder("internal", tls.internal)?)
+            flow_control(builder(internal_streams), internal_streams)
+                .http2_keepalive_interval(Some(GRPC_KEEPALIVE_INTERVAL))
+                .http2_keepalive_timeout(Some(GRPC_KEEPALIVE_TIMEOUT))
                 .add_service(InterceptedService::new(
                     KasInternalServer::new(InternalService { router }).max_decoding_message_size(max_message),
                     jwt_interceptor(
@@ -449,7 +475,10 @@ impl Bound {
                             .for_listener("internal"),
                     ),
                 ))
-                .serve_with_incoming_shutdown(incoming(internal), shutdown.clone().cancelled_owned()),
+                .serve_with_incoming_shutdown(
+                    incoming("internal", internal, tls.internal),
+                    shutdown.clone().cancelled_owned(),
+                ),
         );
         let maintenance =
             tokio::spawn(maintain_registry(registry.clone(), config.registry.clone(), background.clone()));

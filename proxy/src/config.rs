@@ -52,6 +52,7 @@ pub struct Config {
     pub rest: RestConfig,
     /// Bounds on credentials (JWT lifetime, failed agent authentications).
     pub auth: crate::auth::AuthConfig,
+    pub connections: ConnectionsConfig,
 }
 
 /// Agent configurations (Git) are re-read this often per open presence stream.
@@ -484,6 +485,40 @@ impl Default for LimitsConfig {
     }
 }
 
+/// A client has this long for its TLS handshake and HTTP/2 preface (or HTTP/1 request head):
+/// generous for slow networks, short enough that half-open connections do not pile up.
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// agentk opens up to --max-tunnels (500 by default) streams on one connection, plus presence:
+/// twice that leaves room for larger --max-tunnels.
+pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 1024;
+
+/// Connections of every listener (idle and half-open connections, file descriptors).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConnectionsConfig {
+    /// TLS handshake plus HTTP/2 preface, or HTTP/1 request head, must arrive within this; also
+    /// the longest an HTTP/1.1 connection waits for its next request.
+    #[serde(with = "humantime_serde")]
+    pub handshake_timeout: Duration,
+    /// Connections each of the agent, api, internal and rest listeners serves at once (more
+    /// wait in the accept queue). Default: (open file limit - 1024) / 4.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_per_listener: Option<usize>,
+    /// HTTP/2 streams per connection on the agent, api and rest listeners (the internal
+    /// listener allows at least routing.max_concurrent_requests).
+    pub max_concurrent_streams: u32,
+}
+
+impl Default for ConnectionsConfig {
+    fn default() -> Self {
+        Self {
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+            max_per_listener: None,
+            max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AgentConnectionsConfig {
@@ -704,6 +739,7 @@ impl Config {
             ("registry.heartbeat_period", self.registry.heartbeat_period),
             ("agent_connections.max_age", self.agent_connections.max_age),
             ("agent_connections.idle_tunnel_timeout", self.agent_connections.idle_tunnel_timeout),
+            ("connections.handshake_timeout", self.connections.handshake_timeout),
         ];
         for (key, d) in nonzero {
             if d.is_zero() {
@@ -738,6 +774,8 @@ impl Config {
                 self.auth.failed_agent_authentications.per_second as usize,
             ),
             ("auth.failed_agent_authentications.burst", self.auth.failed_agent_authentications.burst as usize),
+            ("connections.max_per_listener", self.connections.max_per_listener.unwrap_or(1)),
+            ("connections.max_concurrent_streams", self.connections.max_concurrent_streams as usize),
         ] {
             if v == 0 {
                 return Err(ConfigError::Invalid { key, message: "must be at least 1".into() });

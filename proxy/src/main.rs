@@ -159,6 +159,9 @@ async fn run(
         }
     }
     let redis = config.registry.redis.is_some();
+    // Before binding: the default per-listener connection caps follow this limit.
+    let open_files = kas::server::listen::raise_fd_limit();
+    tracing::info!(open_files, "open file limit");
     let bound = kas::App::new(config).bind().await?;
     if let Some(dev) = dev {
         let a = bound.addresses();

@@ -313,9 +313,31 @@ pub struct ConfiguredKas {
 /// Starts `kas --config <file>` with `config` written as YAML into `work_dir`; returns once kas
 /// logged "kas listening".
 pub async fn start_kas_with_config(config: &kas::Config, work_dir: &Path) -> ConfiguredKas {
+    start_configured_kas(command("kas"), config, work_dir).await
+}
+
+/// [`start_kas_with_config`] with kas's open file limit set to `soft` and `hard` (through the
+/// shell's `ulimit`; the hard limit can only be lowered): file descriptor exhaustion without
+/// tens of thousands of connections.
+pub async fn start_kas_with_config_and_fd_limit(
+    config: &kas::Config,
+    work_dir: &Path,
+    soft: u64,
+    hard: u64,
+) -> ConfiguredKas {
+    let mut cmd = Command::new("sh");
+    for var in PRODUCT_ENV {
+        cmd.env_remove(var);
+    }
+    cmd.arg("-c")
+        .arg(format!("ulimit -Sn {soft} && ulimit -Hn {hard} && exec \"$0\" \"$@\""))
+        .arg(workspace_binary("kas"));
+    start_configured_kas(cmd, config, work_dir).await
+}
+
+async fn start_configured_kas(mut cmd: Command, config: &kas::Config, work_dir: &Path) -> ConfiguredKas {
     let path = work_dir.join(format!("kas-{}.yaml", rand::random::<u32>()));
     std::fs::write(&path, serde_norway::to_string(config).expect("config as YAML")).expect("write config");
-    let mut cmd = command("kas");
     cmd.current_dir(work_dir).arg("--config").arg(&path).args(["--log-format", "json", "--log", "info"]);
     let mut process = Process::spawn("kas", cmd);
     let listening = process.wait_for_message("kas listening").await;

@@ -3,6 +3,7 @@
 pub mod agent;
 pub mod api;
 pub mod internal;
+pub mod listen;
 pub mod observability;
 pub mod rest;
 pub mod rest_serve;

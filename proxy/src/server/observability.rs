@@ -17,6 +17,8 @@ pub struct ObservabilityState {
     pub registry: Arc<dyn AgentRegistry>,
     /// Whether a registry outage makes kas not ready (true with Redis).
     pub registry_required: bool,
+    /// Cancelled when kas starts shutting down: not ready from then on, while still live.
+    pub shutdown: tokio_util::sync::CancellationToken,
 }
 
 pub fn router(state: ObservabilityState) -> axum::Router {
@@ -34,9 +36,9 @@ async fn metrics(State(state): State<ObservabilityState>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], crate::metrics::handle().render()).into_response()
 }
 
-/// Ready: serving (the tunnel registry runs) and, with Redis, Redis answers.
+/// Ready: serving (not shutting down, the tunnel registry runs) and, with Redis, Redis answers.
 async fn readyz(State(state): State<ObservabilityState>) -> Response {
-    if state.tunnels.stats().await.is_err() {
+    if state.shutdown.is_cancelled() || state.tunnels.stats().await.is_err() {
         return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response();
     }
     if state.registry_required

@@ -2,20 +2,23 @@
 //! protocol upgrades (kubectl exec), optional TLS, graceful shutdown. TLS matters here beyond
 //! transport security: kubectl (client-go) does not send a bearer token to a plaintext server.
 
+use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Body;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
+use tokio_util::either::Either;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 use crate::config::TlsConfig;
+use crate::server::listen::{Accepted, Acceptor, Guarded};
 
 /// How far the bytes a caller's HTTP/1.1 connection has written to its socket run behind what a
 /// streamed response handed to hyper. hyper buffers a response body up to its `max_buf_size`
@@ -135,55 +138,98 @@ impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Counted<T> {
 
 /// A listener's certificate and key, loaded for rustls (HTTP/2 and HTTP/1.1 offered by ALPN).
 pub fn tls_acceptor(tls: &TlsConfig) -> Result<TlsAcceptor, String> {
+    server_tls(&tls.certificate_file, &tls.key_file, None, &[b"h2", b"http/1.1"])
+}
+
+/// rustls for a listener: its certificate chain and key, the ALPN protocols it offers, and when
+/// `client_ca` is given, client certificates required and verified against that CA.
+pub fn server_tls(
+    certificate_file: &Path,
+    key_file: &Path,
+    client_ca: Option<&Path>,
+    alpn: &[&[u8]],
+) -> Result<TlsAcceptor, String> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let cert_file = tls.certificate_file.display();
-    let certs = CertificateDer::pem_file_iter(&tls.certificate_file)
-        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| format!("cannot read certificates from {cert_file}: {e}"))?;
-    if certs.is_empty() {
-        return Err(format!("{cert_file} holds no certificate"));
-    }
-    let key = PrivateKeyDer::from_pem_file(&tls.key_file)
-        .map_err(|e| format!("cannot read the private key from {}: {e}", tls.key_file.display()))?;
-    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+    let read_certs = |path: &Path| {
+        let certs = CertificateDer::pem_file_iter(path)
+            .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| format!("cannot read certificates from {}: {e}", path.display()))?;
+        if certs.is_empty() {
+            return Err(format!("{} holds no certificate", path.display()));
+        }
+        Ok(certs)
+    };
+    let certs = read_certs(certificate_file)?;
+    let key = PrivateKeyDer::from_pem_file(key_file)
+        .map_err(|e| format!("cannot read the private key from {}: {e}", key_file.display()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_no_client_auth()
+        .map_err(|e| e.to_string())?;
+    let builder = match client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in read_certs(ca)? {
+                roots.add(cert).map_err(|e| format!("{}: unusable CA certificate: {e}", ca.display()))?;
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .map_err(|e| format!("{}: {e}", ca.display()))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut config = builder
         .with_single_cert(certs, key)
         .map_err(|e| format!("certificate and key do not form a usable identity: {e}"))?;
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
-/// Accepts connections until `shutdown`, then lets open connections finish (the caller bounds
-/// that with its grace period).
+/// HTTP/2 pings on the rest and observability listeners: a client that vanished is noticed
+/// (and its connection closed) within interval + timeout even while no request is open.
+pub const HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+pub const HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Accepts connections until `shutdown`, then closes the listening socket (new connections are
+/// refused at once) and lets open connections finish (the caller bounds that with its grace
+/// period). At most `limits.max_connections` at once; each must send its request head (HTTP/1)
+/// or HTTP/2 preface, after TLS, within `limits.handshake_timeout`.
 pub async fn serve(
-    listener: TcpListener,
+    acceptor: Acceptor,
     tls: Option<TlsAcceptor>,
     app: axum::Router,
-    max_header_bytes: usize,
+    settings: HttpSettings,
     shutdown: CancellationToken,
 ) {
+    let mut acceptor = acceptor;
     let graceful = GracefulShutdown::new();
     let mut builder = Builder::new(TokioExecutor::new());
     // Request heads larger than this are refused (HTTP/1.1: 431; HTTP/2: the stream is reset).
-    builder.http1().max_buf_size(max_header_bytes.max(8192));
-    builder.http2().max_header_list_size(u32::try_from(max_header_bytes).unwrap_or(u32::MAX));
+    builder
+        .http1()
+        .max_buf_size(settings.max_header_bytes.max(8192))
+        // Hyper runs this timer whenever it waits for a request head: a partial head, and an
+        // idle kept-alive connection, are closed after it.
+        .timer(TokioTimer::new())
+        .header_read_timeout(settings.handshake_timeout);
+    builder
+        .http2()
+        .max_header_list_size(u32::try_from(settings.max_header_bytes).unwrap_or(u32::MAX))
+        .timer(TokioTimer::new())
+        .keep_alive_interval(HTTP2_KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(HTTP2_KEEPALIVE_TIMEOUT)
+        .max_concurrent_streams(settings.max_concurrent_streams);
     loop {
-        let tcp = tokio::select! {
+        let Accepted { tcp, permit, deadline } = tokio::select! {
             () = shutdown.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok((tcp, _)) => tcp,
-                Err(e) => {
-                    // E.g. too many open files: keep serving the connections we have.
-                    tracing::warn!(error = %e, "rest listener accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
+            accepted = acceptor.accept() => accepted,
         };
-        let _ = tcp.set_nodelay(true);
+        let connect_info = tonic::transport::server::TcpConnectInfo {
+            local_addr: tcp.local_addr().ok(),
+            remote_addr: tcp.peer_addr().ok(),
+        };
         let progress = WriteProgress::default();
         let request_progress = progress.clone();
         let service = TowerToHyperService::new(app.clone().map_request(move |req: http::Request<Incoming>| {
@@ -198,26 +244,38 @@ pub async fn serve(
         let tls = tls.clone();
         let watcher = graceful.watcher();
         tokio::spawn(async move {
-            let result = match tls {
-                Some(acceptor) => match acceptor.accept(tcp).await {
-                    Ok(stream) => {
-                        let io = TokioIo::new(Counted { io: stream, progress });
-                        watcher.watch(builder.serve_connection_with_upgrades(io, service).into_owned()).await
-                    }
-                    Err(e) => {
+            let io = match tls {
+                Some(acceptor) => match tokio::time::timeout_at(deadline, acceptor.accept(tcp)).await {
+                    Ok(Ok(stream)) => Either::Right(stream),
+                    Ok(Err(e)) => {
                         tracing::debug!(error = %e, "TLS handshake failed");
                         return;
                     }
+                    Err(_) => {
+                        tracing::debug!("TLS handshake timed out");
+                        return;
+                    }
                 },
-                None => {
-                    let io = TokioIo::new(Counted { io: tcp, progress });
-                    watcher.watch(builder.serve_connection_with_upgrades(io, service).into_owned()).await
-                }
+                None => Either::Left(tcp),
             };
+            let io = Counted { io: Guarded::new(io, permit, deadline, connect_info), progress };
+            let result =
+                watcher.watch(builder.serve_connection_with_upgrades(TokioIo::new(io), service).into_owned()).await;
             if let Err(e) = result {
                 tracing::debug!(error = %e, "rest connection ended with an error");
             }
         });
     }
+    // Closes the listening socket now: connections arriving during the drain are refused
+    // instead of waiting in the accept queue until kas exits.
+    drop(acceptor);
     graceful.shutdown().await;
+}
+
+/// HTTP settings of one listener.
+#[derive(Debug, Clone, Copy)]
+pub struct HttpSettings {
+    pub max_header_bytes: usize,
+    pub handshake_timeout: Duration,
+    pub max_concurrent_streams: u32,
 }
