@@ -51,11 +51,11 @@ pub struct Args {
     #[arg(long, env = "AGENTK_GRACE_PERIOD", default_value = "20s", value_parser = humantime::parse_duration)]
     pub grace_period: Duration,
     /// Kubernetes API proxy: longest wait for a TCP connection to the API server (504 after it).
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "AGENTK_KUBE_API_CONNECT_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub kube_api_connect_timeout: Duration,
     /// Kubernetes API proxy: longest wait for the API server's response head, counted from
     /// the start of the request (504 after it). Bodies after the head stream without limit.
-    #[arg(long, default_value = "70s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "AGENTK_KUBE_API_RESPONSE_HEADER_TIMEOUT", default_value = "70s", value_parser = humantime::parse_duration)]
     pub kube_api_response_header_timeout: Duration,
     /// Pod name (from the downward API).
     #[arg(long, env = "POD_NAME", default_value = "")]

@@ -1,6 +1,7 @@
 //! End-to-end harness: kas and agentk in-process (or as real processes, see [`process`]) on
 //! ephemeral ports, a fake Kubernetes API server, and helpers to call kas the way GitLab does.
 
+pub mod captured_logs;
 pub mod cluster;
 pub mod fake_gitlab;
 pub mod fake_kube;
@@ -10,6 +11,7 @@ pub mod process;
 pub mod redis_server;
 pub mod slow_client;
 
+pub use captured_logs::CapturedLogs;
 pub use cluster::{AgentkHandle, Cluster, ClusterBuilder, KasHandle};
 pub use fake_gitlab::FakeGitlab;
 pub use fake_kube::FakeKube;

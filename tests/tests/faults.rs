@@ -2,8 +2,6 @@
 //! sockets open), a dead peer (connections reset), and how routing and agentk get past them.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kas_e2e::{Cluster, FaultProxy, ProxyTarget, eventually};
@@ -23,45 +21,6 @@ async fn start_kas_behind_proxy(c: &mut Cluster) -> FaultProxy {
     proxy.set_target(ProxyTarget::Tcp(kas.addresses.internal));
     c.kas.push(kas);
     proxy
-}
-
-/// Log lines of everything running on this test's thread (`#[tokio::test]` runs the whole
-/// cluster on it), at INFO and above.
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
-    type Writer = Logs;
-    fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
-    }
-}
-
-impl Logs {
-    fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
-        let logs = Logs::default();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(logs.clone())
-            .with_ansi(false)
-            .with_max_level(tracing::Level::INFO)
-            .finish();
-        (logs.clone(), tracing::subscriber::set_default(subscriber))
-    }
-
-    fn lines_with(&self, needle: &str) -> Vec<String> {
-        let text = String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned();
-        text.lines().filter(|l| l.contains(needle)).map(str::to_owned).collect()
-    }
 }
 
 #[tokio::test]
@@ -164,7 +123,7 @@ async fn agentk_moves_off_a_hung_kas_within_10_s() {
 
 #[tokio::test]
 async fn a_dead_peer_is_dialed_a_few_times_per_second_and_logged_once_per_state_change() {
-    let (logs, _guard) = Logs::capture();
+    let (logs, _guard) = kas_e2e::CapturedLogs::on_this_thread();
     let mut c = Cluster::builder().redis().kas(1).start().await;
     c.kube.add_pod("default", "p");
     let to_kas1 = start_kas_behind_proxy(&mut c).await;

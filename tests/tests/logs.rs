@@ -3,33 +3,10 @@
 //! One test function: the log subscriber is process-wide.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
-
 use base64::Engine;
 use kas_e2e::Cluster;
 use kas_proto::kas::GetPodsRequest;
 use serde_json::Value;
-
-#[derive(Clone, Default)]
-struct Buffer(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Buffer {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Buffer {
-    type Writer = Buffer;
-    fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
-    }
-}
 
 /// Log lines (JSON) whose target starts with `target` and that mention `text` anywhere.
 fn lines_with(logs: &str, target: &str, text: &str) -> usize {
@@ -41,7 +18,7 @@ fn lines_with(logs: &str, target: &str, text: &str) -> usize {
 
 #[tokio::test]
 async fn a_request_is_correlated_across_hops_and_no_secret_is_logged() {
-    let buffer = Buffer::default();
+    let buffer = kas_e2e::CapturedLogs::default();
     tracing_subscriber::fmt()
         .json()
         .with_env_filter("kas=debug,agentk=debug")
@@ -69,7 +46,7 @@ async fn a_request_is_correlated_across_hops_and_no_secret_is_logged() {
     // A request without an id still gets one, logged at every hop.
     c.api(0).get_pods(GetPodsRequest { agent_id: 1, connection_id: 0 }).await.unwrap();
 
-    let logs = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
+    let logs = buffer.text();
     for id in ["corr-grpc-42", "corr-rest-43"] {
         assert!(lines_with(&logs, "kas::modules", id) >= 1, "routing kas did not log {id}:\n{logs}");
         assert!(lines_with(&logs, "kas::server::internal", id) >= 1, "gateway kas did not log {id}:\n{logs}");
