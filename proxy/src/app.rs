@@ -57,6 +57,8 @@ pub enum AppError {
     Bind { listener: &'static str, address: SocketAddr, source: std::io::Error },
     #[error("the {listener} listener failed: {source}")]
     Serve { listener: &'static str, source: tonic::transport::Error },
+    #[error("the {listener} listener stopped unexpectedly: {reason}")]
+    ListenerStopped { listener: &'static str, reason: String },
     #[error("TLS of the {listener} listener: {message}")]
     HttpTls { listener: &'static str, message: String },
     #[error("TLS of the {listener} listener: cannot read {path}: {source}")]
@@ -497,10 +499,10 @@ impl Bound {
         // Run until asked to stop, or until a listener fails on its own.
         let early = tokio::select! {
             () = shutdown.cancelled() => None,
-            r = &mut agent_task => Some(r),
-            r = &mut api_task => Some(r),
-            r = &mut internal_task => Some(r),
-            r = &mut rest_task => Some(r),
+            r = &mut agent_task => Some(("agent", r)),
+            r = &mut api_task => Some(("api", r)),
+            r = &mut internal_task => Some(("internal", r)),
+            r = &mut rest_task => Some(("rest", r)),
         };
         shutdown.cancel();
         let grace = tokio::time::Instant::now() + config.shutdown.grace_period;
@@ -523,9 +525,26 @@ impl Bound {
         stop_observability.cancel();
         let _ = observability_task.await;
         tracing::info!("kas stopped");
-        match early {
-            Some(Ok(Err(e))) => Err(e),
-            _ => Ok(()),
+        early_outcome(early)
+    }
+}
+
+/// How a listener task ended: its own result, or how the task itself failed (a panic).
+type ListenerEnd = Result<Result<(), AppError>, tokio::task::JoinError>;
+
+/// How `serve` ends: `Ok` when it was asked to stop; otherwise the error of the listener that
+/// ended first, including a panic or a listener that simply stopped (so callers and tests see it).
+fn early_outcome(early: Option<(&'static str, ListenerEnd)>) -> Result<(), AppError> {
+    match early {
+        None => Ok(()),
+        Some((_, Ok(Err(e)))) => Err(e),
+        Some((listener, Ok(Ok(())))) => {
+            Err(AppError::ListenerStopped { listener, reason: "it ended without being asked to".into() })
+        }
+        Some((listener, Err(join))) => {
+            let reason = if join.is_panic() { "it panicked".to_owned() } else { join.to_string() };
+            tracing::error!(listener, %reason, "listener task ended");
+            Err(AppError::ListenerStopped { listener, reason })
         }
     }
 }
@@ -556,5 +575,20 @@ async fn maintain_registry(
                 tracing::warn!(error = %e, "registry gc failed");
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn serve_reports_a_listener_that_panicked_or_stopped_on_its_own() {
+        assert!(early_outcome(None).is_ok(), "asked to stop: Ok");
+        let panicked = tokio::spawn(async { panic!("listener bug") }).await.map(|()| Ok(()));
+        let err = early_outcome(Some(("rest", panicked))).unwrap_err();
+        assert_eq!(err.to_string(), "the rest listener stopped unexpectedly: it panicked");
+        let err = early_outcome(Some(("api", Ok(Ok(()))))).unwrap_err();
+        assert!(err.to_string().starts_with("the api listener stopped unexpectedly"), "{err}");
     }
 }
