@@ -31,6 +31,9 @@ pub enum KasError {
     /// The request itself is malformed (bad id, bad parameter).
     #[error("{0}")]
     InvalidArgument(String),
+    /// The request (a message, a body) is larger than a documented limit.
+    #[error("{0}")]
+    TooLarge(String),
     /// No connection of the agent appeared before the wait ended.
     #[error("agent {agent_id} is not connected (waited {} for it to connect)", Rounded(*.waited))]
     AgentNotConnected { agent_id: AgentId, waited: Duration },
@@ -77,6 +80,7 @@ impl KasError {
             Self::InvalidAgentConfiguration(_) => (Code::FailedPrecondition, S::PRECONDITION_FAILED),
             Self::GitUnavailable(_) | Self::RateLimited(_) => (Code::Unavailable, S::SERVICE_UNAVAILABLE),
             Self::InvalidArgument(_) => (Code::InvalidArgument, S::BAD_REQUEST),
+            Self::TooLarge(_) => (Code::OutOfRange, S::PAYLOAD_TOO_LARGE),
             Self::AgentNotConnected { .. } | Self::ConnectionNotConnected { .. } => {
                 (Code::Unavailable, S::SERVICE_UNAVAILABLE)
             }

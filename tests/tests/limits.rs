@@ -130,6 +130,8 @@ async fn oversized_grpc_messages_and_http_headers_are_refused() {
             }
         }
     };
+    // README: a message over limits.max_grpc_message_bytes is OUT_OF_RANGE, also mid-exchange.
+    assert_eq!(outcome.code(), tonic::Code::OutOfRange, "{outcome:?}");
     assert!(outcome.message().contains("too large"), "{outcome:?}");
     // An HTTP request head over the limit: 431.
     let url = format!("{}/api/v1/agents/1/pods", c.rest_url(0));

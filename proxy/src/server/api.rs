@@ -69,7 +69,7 @@ impl KasApi for ApiService {
                     ..
                 }) => Some(Ok(chunk)),
                 Ok(_) => None,
-                Err(status) => Some(Err(status.message().to_owned())),
+                Err(status) => Some(Err(status)),
             }
         });
         let pump = exchange.take_sender().map(|sender| kubernetes_api::pump_body(sender, body));

@@ -85,7 +85,7 @@ struct Lifetime {
     permits: Mutex<Vec<tokio::sync::OwnedSemaphorePermit>>,
     /// Set when the request side failed (e.g. the caller's body broke): the response side stops.
     aborted: CancellationToken,
-    abort_reason: Mutex<String>,
+    abort_reason: Mutex<Option<KasError>>,
 }
 
 /// Receives response frames (Header, Message, Trailer | Error).
@@ -219,9 +219,10 @@ pub fn agent_error(e: pb::Error) -> KasError {
 impl TunnelSender {
     /// Ends the exchange because the request side failed: agentk's tunnel ends with a status
     /// (which cancels the API server request) and the receiving side stops with an error.
-    pub fn abort(&self, why: &str) {
-        self.out.fail(Status::cancelled(why.to_owned()));
-        why.clone_into(&mut self._lifetime.abort_reason.lock().unwrap_or_else(PoisonError::into_inner));
+    /// `error` is what the caller sees (e.g. OUT_OF_RANGE for a message over the limit).
+    pub fn abort(&self, error: KasError) {
+        self.out.fail(Status::cancelled(error.to_string()));
+        *self._lifetime.abort_reason.lock().unwrap_or_else(PoisonError::into_inner) = Some(error);
         self._lifetime.aborted.cancel();
     }
 
@@ -240,8 +241,8 @@ impl TunnelReceiver {
         let next = tokio::select! {
             biased;
             () = self._lifetime.aborted.cancelled() => {
-                let why = self._lifetime.abort_reason.lock().unwrap_or_else(PoisonError::into_inner).clone();
-                return Err(KasError::InvalidArgument(why));
+                let error = self._lifetime.abort_reason.lock().unwrap_or_else(PoisonError::into_inner).clone();
+                return Err(error.unwrap_or_else(|| KasError::InvalidArgument("the request was aborted".into())));
             }
             next = self.from.next() => next,
         };

@@ -141,12 +141,35 @@ fn decode(data: Bytes) -> Result<http_frame::Frame, KasError> {
         .ok_or_else(|| KasError::Tunnel("agentk sent an invalid HTTP frame".into()))
 }
 
+/// Why a caller's request body failed, as the caller sees it.
+pub trait BodyError: std::fmt::Display + Send + 'static {
+    /// A broken body is a bad request unless the error says otherwise.
+    fn kas_error(&self) -> KasError {
+        KasError::InvalidArgument(format!("the request body failed: {self}"))
+    }
+}
+
+impl BodyError for axum::Error {}
+impl BodyError for std::io::Error {}
+
+/// A gRPC request stream's failure keeps its meaning: a message over
+/// `limits.max_grpc_message_bytes` is OUT_OF_RANGE (as documented), not a bad request.
+impl BodyError for tonic::Status {
+    fn kas_error(&self) -> KasError {
+        let message = format!("the request body failed: {}", self.message());
+        match self.code() {
+            tonic::Code::OutOfRange => KasError::TooLarge(message),
+            _ => KasError::InvalidArgument(message),
+        }
+    }
+}
+
 /// Forwards request body chunks (or upgraded bytes) to agentk, then half-closes. Runs until the
 /// body ends, the tunnel closes, or the returned handle is dropped (the exchange is over).
 pub fn pump_body<S, E>(sender: TunnelSender, body: S) -> AbortOnDropHandle<()>
 where
     S: Stream<Item = Result<Bytes, E>> + Send + 'static,
-    E: std::fmt::Display + Send + 'static,
+    E: BodyError,
 {
     AbortOnDropHandle::new(tokio::spawn(async move {
         let mut body = std::pin::pin!(body);
@@ -165,7 +188,7 @@ where
                 Err(e) => {
                     // The caller's body broke: the exchange ends (agentk cancels the request).
                     tracing::debug!(error = %e, "request body failed; cancelling the exchange");
-                    sender.abort(&format!("the request body failed: {e}"));
+                    sender.abort(e.kas_error());
                     return;
                 }
             }

@@ -58,6 +58,7 @@ pub fn kubernetes_status(e: &KasError) -> Response {
         http::StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailable",
         http::StatusCode::GATEWAY_TIMEOUT => "Timeout",
         http::StatusCode::TOO_MANY_REQUESTS => "TooManyRequests",
+        http::StatusCode::PAYLOAD_TOO_LARGE => "RequestEntityTooLarge",
         _ => "InternalError",
     };
     let body = serde_json::json!({
