@@ -498,12 +498,15 @@ impl Bound {
 
         // Run until asked to stop, or until a listener fails on its own.
         let early = tokio::select! {
+            biased;
             () = shutdown.cancelled() => None,
             r = &mut agent_task => Some(("agent", r)),
             r = &mut api_task => Some(("api", r)),
             r = &mut internal_task => Some(("internal", r)),
             r = &mut rest_task => Some(("rest", r)),
         };
+        // A listener that ends because shutdown began (it may be polled before the token) is fine.
+        let early = early.filter(|(_, end)| !(shutdown.is_cancelled() && matches!(end, Ok(Ok(())))));
         shutdown.cancel();
         let grace = tokio::time::Instant::now() + config.shutdown.grace_period;
         tracing::info!(grace_period = ?config.shutdown.grace_period, "shutting down: draining listeners");
