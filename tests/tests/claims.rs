@@ -32,7 +32,7 @@ async fn kas_starts_while_redis_is_down_serves_local_agents_then_registers_them(
     let prefix = redis_prefix(&c);
     let redis = c.redis.as_ref().unwrap();
     let agent_key = format!("{prefix}:agent:1");
-    let mut records = 0;
+    let mut records: usize;
     eventually!(
         {
             records = redis.query::<usize>(redis::cmd("HLEN").arg(&agent_key)).await;
@@ -168,7 +168,7 @@ async fn advertise_ip_is_the_address_in_the_registry_and_routing_uses_it() {
     c.kube.add_pod("default", "advertised");
     let _a = c.start_agentk(1, 0, "agentk-0").await;
 
-    let mut records = Vec::new();
+    let mut records: Vec<kas_proto::kas::ConnectedAgentInfo>;
     eventually!(
         {
             records = c.connections(1, 1).await;
@@ -239,7 +239,7 @@ async fn redis_acl_username_and_password_file() {
     let mut conn =
         redis_client_as(server, Some("kas"), Some("acl-secret")).get_multiplexed_async_connection().await.unwrap();
     let agent_key = format!("{}:agent:1", redis_prefix(&c));
-    let mut records = 0;
+    let mut records: usize;
     eventually!(
         {
             records = redis::cmd("HLEN").arg(&agent_key).query_async::<usize>(&mut conn).await.unwrap();
@@ -290,7 +290,7 @@ async fn agentk_metrics_count_failed_connection_attempts() {
     let url = format!("http://{address}/metrics");
     let scrape = || async { reqwest::get(&url).await.unwrap().text().await.unwrap() };
     let name = agentk::metrics::FAILED_CONNECTION_ATTEMPTS;
-    let mut first = None;
+    let mut first: Option<f64>;
     eventually!(
         {
             first = counter(&scrape().await, name);
@@ -299,7 +299,7 @@ async fn agentk_metrics_count_failed_connection_attempts() {
         "{name} >= 1 (last: {first:?})"
     );
     let first = first.unwrap();
-    let mut later = None;
+    let mut later: Option<f64>;
     eventually!(
         {
             later = counter(&scrape().await, name);
