@@ -232,7 +232,8 @@ async fn redis_acl_username_and_password_file() {
     let good = with_password(&c, "acl-secret");
     let k = c.start_kas_with(good).await;
     c.kas.push(k);
-    k_ping(&c, 0).await.unwrap();
+    let (code, body) = readyz(&c, 0).await;
+    assert_eq!(code, 200, "kas with the ACL user is ready (Redis answers): {body}");
     let _a = c.start_agentk(1, 0, "agentk-0").await;
 
     let server = c.redis.as_ref().unwrap();
@@ -251,16 +252,20 @@ async fn redis_acl_username_and_password_file() {
     let bad = with_password(&c, "not-the-acl-secret");
     let k = c.start_kas_with(bad).await;
     c.kas.push(k);
-    let err = k_ping(&c, 1).await.unwrap_err();
+    // What an operator sees: /readyz names the failure.
+    let (code, err) = readyz(&c, 1).await;
+    assert_eq!(code, 503, "{err}");
     assert!(
-        err.starts_with("redis") && err.to_lowercase().contains("authentication failed"),
+        err.starts_with("registry unavailable: redis") && err.to_lowercase().contains("authentication failed"),
         "not a clear authentication error: {err}"
     );
     assert!(!err.contains("not-the-acl-secret"), "the password must not appear in errors: {err}");
 }
 
-async fn k_ping(c: &Cluster, kas: usize) -> Result<(), String> {
-    c.kas[kas].registry.ping().await.map_err(|e| e.to_string())
+/// kas number `kas`'s `/readyz`: (status code, body).
+async fn readyz(c: &Cluster, kas: usize) -> (u16, String) {
+    let response = reqwest::get(format!("http://{}/readyz", c.kas[kas].addresses.observability)).await.unwrap();
+    (response.status().as_u16(), response.text().await.unwrap())
 }
 
 /// The value of an unlabelled counter in Prometheus text, if present.
