@@ -1,0 +1,120 @@
+//! `agents.git.connect_timeout` and `agents.git.fetch_timeout`: a Git server that does not
+//! accept connections, or accepts and then never answers, fails the configuration poll within
+//! the configured time with UNAVAILABLE naming the repository (agentk retries), instead of
+//! holding the agent's GetConfiguration for as long as the server hangs.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use kas::auth::agent_token::StaticAgentsFile;
+use kas_e2e::{Cluster, FaultProxy, GitHttpServer, GitRepo, eventually};
+use kas_proto::tunnel::pb::agent_tunnel_client::AgentTunnelClient;
+use kas_proto::tunnel::pb::{ConfigurationRequest, ConfigurationResponse};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tonic::Code;
+
+const CONFIG: &str = ".gitlab/agents/agent-1/config.yaml";
+/// The timeout under test, set short.
+const TIMEOUT: Duration = Duration::from_secs(1);
+/// A poll must fail well before this: far above [`TIMEOUT`] (slack for a loaded 2-core
+/// machine), far below the defaults (10 s connect, 30 s fetch) and a hung server (forever).
+const BOUND: Duration = Duration::from_secs(8);
+
+fn set_repository(path: &std::path::Path, repository: String) {
+    let mut file = StaticAgentsFile::load(path).unwrap();
+    file.agents[0].configuration_repository = Some(repository);
+    file.save(path).unwrap();
+}
+
+/// GetConfiguration as agentk opens it; kas polls the repository before it answers.
+async fn presence(c: &Cluster) -> Result<tonic::Streaming<ConfigurationResponse>, tonic::Status> {
+    let mut client = AgentTunnelClient::new(kas_e2e::cluster::channel(c.kas[0].addresses.agent));
+    let connection_id = i64::from(rand::random::<u32>()) + 1;
+    let request = ConfigurationRequest { connection_id, ..Default::default() };
+    client.get_configuration(kas_e2e::authorized(request, &c.agent(1).token)).await.map(tonic::Response::into_inner)
+}
+
+/// Times a GetConfiguration that must fail; gives up at 60 s so a hang is a failure, not a stuck test.
+async fn failing_presence(c: &Cluster) -> (tonic::Status, Duration) {
+    let started = Instant::now();
+    let r = tokio::time::timeout(Duration::from_secs(60), presence(c)).await;
+    let elapsed = started.elapsed();
+    let e = r.unwrap_or_else(|_| panic!("no answer after {elapsed:?}")).err().expect("the poll succeeded");
+    (e, elapsed)
+}
+
+/// A listener whose accept queue is full: the kernel drops further SYNs, so a connect to it
+/// hangs (as to a host that is down or firewalled) rather than being refused. The returned
+/// listener is never accepted from; the streams hold its queue full.
+async fn unconnectable() -> (SocketAddr, TcpListener, Vec<TcpStream>) {
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let address = socket.local_addr().unwrap();
+    let listener = socket.listen(0).unwrap();
+    let mut held = Vec::new();
+    loop {
+        match tokio::time::timeout(Duration::from_millis(500), TcpStream::connect(address)).await {
+            Ok(Ok(s)) => held.push(s),
+            Ok(Err(e)) => panic!("connect: {e}"),
+            // This one hangs: the queue is full.
+            Err(_) => break,
+        }
+        assert!(held.len() < 16, "the accept queue never filled");
+    }
+    (address, listener, held)
+}
+
+#[tokio::test]
+async fn a_git_server_that_never_accepts_fails_the_poll_after_connect_timeout() {
+    let (address, _listener, _held) = unconnectable().await;
+    let url = format!("http://{address}/group/agents.git");
+    let shown = url.clone();
+    let c = Cluster::builder()
+        .configure(move |config, _| {
+            config.agents.git.connect_timeout = TIMEOUT;
+            // Long, so only the connect timeout can end the poll within BOUND.
+            config.agents.git.fetch_timeout = Duration::from_secs(120);
+            set_repository(config.agents.static_file.as_ref().unwrap(), url);
+        })
+        .start()
+        .await;
+    let (e, elapsed) = failing_presence(&c).await;
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert!(e.message().contains(&shown), "{e:?}");
+    assert!(e.message().contains("deadline has elapsed"), "{e:?}");
+    assert!(elapsed < BOUND, "the poll took {elapsed:?} with connect_timeout {TIMEOUT:?}: {e:?}");
+    assert!(elapsed >= TIMEOUT / 2, "failed before the server could have answered: {elapsed:?}: {e:?}");
+}
+
+#[tokio::test]
+async fn a_git_server_that_never_answers_fails_the_poll_after_fetch_timeout() {
+    let root = tempfile::tempdir().unwrap();
+    GitRepo::create_in(root.path(), "group/agents.git").commit(CONFIG, b"{}\n");
+    let git = GitHttpServer::start(root.path()).await;
+    let port: u16 = git.url().rsplit(':').next().unwrap().parse().unwrap();
+    let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], port))).await;
+    // Connections are accepted (and reach the server), but nothing is forwarded either way.
+    proxy.pause();
+    let url = format!("http://{}/group/agents.git", proxy.address());
+    let shown = url.clone();
+    let c = Cluster::builder()
+        .configure(move |config, _| {
+            config.agents.git.fetch_timeout = TIMEOUT;
+            set_repository(config.agents.static_file.as_ref().unwrap(), url);
+        })
+        .start()
+        .await;
+    let (e, elapsed) = failing_presence(&c).await;
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert!(e.message().contains(&shown), "{e:?}");
+    assert!(e.message().contains("timed out"), "{e:?}");
+    assert!(proxy.accepted() > 0, "kas connected: {e:?}");
+    assert!(elapsed < BOUND, "the poll took {elapsed:?} with fetch_timeout {TIMEOUT:?}: {e:?}");
+    assert!(elapsed >= TIMEOUT / 2, "failed before the server could have answered: {elapsed:?}: {e:?}");
+    assert_eq!(git.upload_pack_posts(), 0);
+
+    // The server answering again: the next poll succeeds (nothing stuck behind the timed-out one).
+    proxy.resume();
+    eventually!(presence(&c).await.is_ok(), "served once the server answers");
+}
