@@ -40,7 +40,7 @@ async fn failing_presence(c: &Cluster) -> (tonic::Status, Duration) {
     let started = Instant::now();
     let r = tokio::time::timeout(Duration::from_secs(60), presence(c)).await;
     let elapsed = started.elapsed();
-    let e = r.unwrap_or_else(|_| panic!("no answer after {elapsed:?}")).err().expect("the poll succeeded");
+    let e = r.unwrap_or_else(|_| panic!("no answer after {elapsed:?}")).expect_err("the poll succeeded");
     (e, elapsed)
 }
 
