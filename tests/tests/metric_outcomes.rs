@@ -238,3 +238,23 @@ async fn a_request_routed_to_a_killed_peer_counts_a_peer_forward_error_on_the_ro
     assert_eq!(delta(&before, &after, "kas_routed_requests_total", &routed("get_pods", "peer")), 0.0);
     assert_eq!(delta(&before, &after, "kas_routed_requests_total", &routed("get_pods", "local")), 0.0);
 }
+
+#[tokio::test]
+async fn a_request_outlasting_routing_max_wait_counts_timed_out() {
+    let s = setup().await;
+    // Here kas's own limit ends the wait (not the caller's deadline, as above): the REST
+    // route's deadline (rest.request_timeout) is far longer.
+    let kas = start_kas(&s, |c| c.routing.max_wait = Duration::from_secs(1)).await;
+    let before = scrape(kas.addresses.observability).await;
+    let r = reqwest::Client::new()
+        .get(format!("http://{}/api/v1/agents/1/pods", kas.addresses.rest))
+        .bearer_auth(&s.jwt)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503, "no agent within routing.max_wait: {}", r.text().await.unwrap());
+    let after = scrape(kas.addresses.observability).await;
+    assert_eq!(delta(&before, &after, "kas_routed_requests_total", &routed("get_pods", "timed_out")), 1.0);
+    assert_eq!(delta(&before, &after, "kas_routed_requests_total", &routed("get_pods", "failed")), 0.0);
+    assert_eq!(delta(&before, &after, "kas_route_wait_seconds_count", &[("method", "get_pods")]), 1.0);
+}
