@@ -1,6 +1,9 @@
 //! kas's observability listener: /livez, /readyz (Redis reachability), and Prometheus /metrics
 //! with routing, tunnel and registry figures. One test function: the metrics recorder is
-//! process-wide, so parallel tests in this binary would mix their counts.
+//! process-wide, so parallel tests in this binary would mix their counts, and so do the two
+//! in-process kas here: this test checks what /metrics serves (names, labels, gauges of the one
+//! kas holding the agents). Per-request values of each kas, in its own process, are checked in
+//! `metric_outcomes.rs`.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use kas_e2e::{Cluster, eventually};
@@ -25,7 +28,6 @@ async fn health_and_metrics() {
 
     let _a = c.start_agentk(1, 0, "agentk-0").await;
     c.api(0).get_pods(GetPodsRequest { agent_id: 1, connection_id: 0 }).await.unwrap();
-    c.api(1).get_pods(GetPodsRequest { agent_id: 1, connection_id: 0 }).await.unwrap();
     // Kubernetes API proxy bytes are counted.
     let url = format!("{}/api/v1/agents/1/kubernetes/api/v1/namespaces/default/pods", c.rest_url(0));
     let body =
@@ -34,9 +36,7 @@ async fn health_and_metrics() {
     let (status, metrics) = get(&format!("{}/metrics", obs(&c, 0))).await;
     assert_eq!(status, 200);
     let local = sample(&metrics, r#"kas_routed_requests_total{method="get_pods",outcome="local"}"#);
-    let peer = sample(&metrics, r#"kas_routed_requests_total{method="get_pods",outcome="peer"}"#);
     assert!(local.is_some_and(|v| v >= 1.0), "{metrics}");
-    assert!(peer.is_some_and(|v| v >= 1.0), "{metrics}");
     assert!(metrics.contains("kas_route_duration_seconds_bucket"), "{metrics}");
     // A request that waited for its agent is in the wait histogram.
     let mut api = c.api(0);
