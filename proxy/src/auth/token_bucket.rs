@@ -27,7 +27,7 @@ struct State {
 
 /// The bucket would make the caller wait longer than `max_wait`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("rate limited: the next request slot is {wait:?} away (limit {max_wait:?})")]
+#[error("rate limited: the next request slot is {} away (limit {})", crate::error::Rounded(*.wait), crate::error::Rounded(*.max_wait))]
 pub struct RateLimited {
     pub wait: Duration,
     pub max_wait: Duration,
@@ -116,7 +116,8 @@ mod tests {
         tokio::task::yield_now().await;
         let refused = b.acquire().await.unwrap_err();
         assert!(refused.wait > refused.max_wait, "{refused}");
-        assert!(refused.to_string().contains("rate limited"));
+        // Rounded as people read durations, not to the nanosecond.
+        assert_eq!(refused.to_string(), "rate limited: the next request slot is 1.5s away (limit 1.2s)");
         first.await.unwrap().unwrap();
         second.await.unwrap().unwrap();
         assert_eq!(start.elapsed(), Duration::from_millis(1500));
