@@ -13,13 +13,8 @@ pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(20);
 /// The observability listener (`/livez`, `/readyz`) of the `agentk` binary: all interfaces, so
 /// the kubelet can probe the pod. Embedded agentk ([`AgentConfig::new`]) uses `127.0.0.1:0`.
 pub const DEFAULT_OBSERVABILITY_ADDRESS: &str = "0.0.0.0:8080";
-/// TCP connect to the Kubernetes API: in-cluster it takes milliseconds; a server that does not
-/// accept within this is overloaded or gone (kube-rs waits 30 s, client-go's dialer too).
-pub const DEFAULT_KUBE_API_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// From sending a proxied request to the API server's response head (connect, TLS and request
-/// body included). Above the API server's own 60 s `--request-timeout`, so its answer comes
-/// first; watches, `logs -f` and exec answer their head at once and then stream without limit.
-pub const DEFAULT_KUBE_API_RESPONSE_HEADER_TIMEOUT: Duration = Duration::from_secs(70);
+// Owned by the Kubernetes API module they configure.
+pub use crate::modules::kubernetes_api::{DEFAULT_KUBE_API_CONNECT_TIMEOUT, DEFAULT_KUBE_API_RESPONSE_HEADER_TIMEOUT};
 
 #[derive(Debug, Clone, clap::Parser)]
 #[command(

@@ -286,11 +286,8 @@ impl Default for AgentGitConfig {
     }
 }
 
-/// Peer connections ping this long after they last received anything (while a forward is
-/// open): a hung kas is noticed in interval + timeout, well inside a request's budget.
-pub const DEFAULT_PEER_PING_INTERVAL: Duration = Duration::from_secs(1);
-/// An unanswered ping closes the peer connection; its requests move to another connection.
-pub const DEFAULT_PEER_PING_TIMEOUT: Duration = Duration::from_secs(2);
+// Owned by the peer connections they configure.
+pub use crate::router::peers::{DEFAULT_PEER_PING_INTERVAL, DEFAULT_PEER_PING_TIMEOUT};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -391,10 +388,8 @@ pub struct RoutingConfig {
     pub max_concurrent_requests_per_agent: usize,
 }
 
-/// Enough for busy installations; a bound so that a flood cannot exhaust kas.
-pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 10_000;
-/// agentk opens at most 500 tunnels by default; more requests than that only wait.
-pub const DEFAULT_MAX_CONCURRENT_REQUESTS_PER_AGENT: usize = 500;
+// Owned by the router they configure.
+pub use crate::router::{DEFAULT_MAX_CONCURRENT_REQUESTS, DEFAULT_MAX_CONCURRENT_REQUESTS_PER_AGENT};
 
 impl Default for RoutingConfig {
     fn default() -> Self {

@@ -33,6 +33,10 @@ use peers::{PeerError, Peers};
 /// How long a request waits for an agent when the caller sets no shorter deadline: long enough
 /// to ride out an agentk restart, short enough that a caller is not left hanging.
 pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(20);
+/// Enough for busy installations; a bound so that a flood cannot exhaust kas.
+pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 10_000;
+/// agentk opens at most 500 tunnels by default; more requests than that only wait.
+pub const DEFAULT_MAX_CONCURRENT_REQUESTS_PER_AGENT: usize = 500;
 /// How much earlier than the caller's deadline the wait ends (at most 10% of the deadline).
 const DEADLINE_MARGIN: Duration = Duration::from_millis(50);
 /// Waiting requests are woken by pub-sub events (and by the registry's `Resynced` after Redis
@@ -139,10 +143,7 @@ impl Router {
         peers: Arc<Peers>,
         max_wait: Duration,
     ) -> Self {
-        let limits = Arc::new(Limits::new(
-            crate::config::DEFAULT_MAX_CONCURRENT_REQUESTS,
-            crate::config::DEFAULT_MAX_CONCURRENT_REQUESTS_PER_AGENT,
-        ));
+        let limits = Arc::new(Limits::new(DEFAULT_MAX_CONCURRENT_REQUESTS, DEFAULT_MAX_CONCURRENT_REQUESTS_PER_AGENT));
         Self { tunnels, registry, peers, max_wait, limits }
     }
 

@@ -24,10 +24,14 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::auth::jwt::{KAS_AUDIENCE, KAS_ISSUER};
 use crate::auth::{Secret, mint_jwt};
-use crate::config::{DEFAULT_PEER_PING_INTERVAL, DEFAULT_PEER_PING_TIMEOUT};
 use crate::error::KasError;
 use crate::tunnel::TunnelIo;
 
+/// Peer connections ping this long after they last received anything (while a forward is
+/// open): a hung kas is noticed in interval + timeout, well inside a request's budget.
+pub const DEFAULT_PEER_PING_INTERVAL: Duration = Duration::from_secs(1);
+/// An unanswered ping closes the peer connection; its requests move to another connection.
+pub const DEFAULT_PEER_PING_TIMEOUT: Duration = Duration::from_secs(2);
 /// kas -> kas tokens live this long: enough for clock skew, useless if captured.
 const PEER_TOKEN_TTL: Duration = Duration::from_secs(60);
 /// A peer that does not accept a connection within this is treated as gone.

@@ -71,6 +71,13 @@ pub const FORWARDED_REQUEST_HEADERS: &[&str] = &[
     "x-stream-protocol-version",
 ];
 
+/// TCP connect to the Kubernetes API: in-cluster it takes milliseconds; a server that does not
+/// accept within this is overloaded or gone (kube-rs waits 30 s, client-go's dialer too).
+pub const DEFAULT_KUBE_API_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// From sending a proxied request to the API server's response head (connect, TLS and request
+/// body included). Above the API server's own 60 s `--request-timeout`, so its answer comes
+/// first; watches, `logs -f` and exec answer their head at once and then stream without limit.
+pub const DEFAULT_KUBE_API_RESPONSE_HEADER_TIMEOUT: Duration = Duration::from_secs(70);
 /// How long agentk waits for the API server before answering 504 itself.
 #[derive(Debug, Clone, Copy)]
 pub struct ApiTimeouts {
@@ -82,10 +89,7 @@ pub struct ApiTimeouts {
 
 impl Default for ApiTimeouts {
     fn default() -> Self {
-        Self {
-            connect: crate::config::DEFAULT_KUBE_API_CONNECT_TIMEOUT,
-            response_header: crate::config::DEFAULT_KUBE_API_RESPONSE_HEADER_TIMEOUT,
-        }
+        Self { connect: DEFAULT_KUBE_API_CONNECT_TIMEOUT, response_header: DEFAULT_KUBE_API_RESPONSE_HEADER_TIMEOUT }
     }
 }
 /// Request body chunks buffered towards the API server (each at most one tunnel chunk).
