@@ -98,6 +98,8 @@ async fn a_thousand_unread_streams_through_a_gateway_kas_keep_both_kas_memory_bo
     // Every stream really in flight: neither kas nor agentk may refuse or queue any of them.
     config.routing.max_concurrent_requests = 4 * STREAMS;
     config.routing.max_concurrent_requests_per_agent = 4 * STREAMS;
+    // All of agentk's tunnels share one connection: allow more streams on it than it opens.
+    config.connections.max_concurrent_streams = u32::try_from(4 * STREAMS).unwrap_or(u32::MAX);
     let kas_a = start_kas_with_config(&config, dir.path()).await;
     let kas_b = start_kas_with_config(&config, dir.path()).await;
 
