@@ -83,6 +83,7 @@ async fn a_git_server_that_never_accepts_fails_the_poll_after_connect_timeout() 
     assert_eq!(e.code(), Code::Unavailable, "{e:?}");
     assert!(e.message().contains(&shown), "{e:?}");
     assert!(e.message().contains("deadline has elapsed"), "{e:?}");
+    assert!(e.message().contains("agents.git.connect_timeout = 1s"), "the message names the setting: {e:?}");
     assert!(elapsed < BOUND, "the poll took {elapsed:?} with connect_timeout {TIMEOUT:?}: {e:?}");
     assert!(elapsed >= TIMEOUT / 2, "failed before the server could have answered: {elapsed:?}: {e:?}");
 }
@@ -109,6 +110,7 @@ async fn a_git_server_that_never_answers_fails_the_poll_after_fetch_timeout() {
     assert_eq!(e.code(), Code::Unavailable, "{e:?}");
     assert!(e.message().contains(&shown), "{e:?}");
     assert!(e.message().contains("timed out"), "{e:?}");
+    assert!(e.message().contains("agents.git.fetch_timeout = 1s"), "the message names the setting: {e:?}");
     assert!(proxy.accepted() > 0, "kas connected: {e:?}");
     assert!(elapsed < BOUND, "the poll took {elapsed:?} with fetch_timeout {TIMEOUT:?}: {e:?}");
     assert!(elapsed >= TIMEOUT / 2, "failed before the server could have answered: {elapsed:?}: {e:?}");

@@ -160,6 +160,16 @@ impl Mirrors {
                      page, or a wrong URL)",
                 );
             }
+            let lower = cause.to_lowercase();
+            if lower.contains("timed out") || lower.contains("deadline has elapsed") {
+                // Name the settings, so an operator knows which knob bounds the wait.
+                cause.push_str(&format!(
+                    " (kas waits agents.git.connect_timeout = {} to connect and agents.git.fetch_timeout = {} \
+                     for each request)",
+                    crate::error::Rounded(self.connect_timeout),
+                    crate::error::Rounded(self.fetch_timeout),
+                ));
+            }
             KasError::GitUnavailable(format!("configuration repository {url}: {what}: {cause}"))
         };
         if !path.join("HEAD").exists() {
