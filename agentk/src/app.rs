@@ -18,8 +18,10 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 use crate::backoff::Backoff;
 use crate::config::{AgentConfig, KubeSource};
+pub use crate::error::AgentError;
 use crate::modules::{self, Module};
 use crate::pool::{self, PoolContext, PoolStats};
+pub use crate::status::Status;
 
 /// First reconnect delay ceiling, and the cap (full jitter below it).
 const RECONNECT_BASE: Duration = Duration::from_millis(200);
@@ -36,43 +38,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// After a connection ended, how long idle tunnels wait for kas to close them.
 const IDLE_LINGER: Duration = Duration::from_secs(2);
 
-#[derive(Debug, thiserror::Error)]
-pub enum AgentError {
-    #[error(transparent)]
-    Config(#[from] crate::config::ConfigError),
-    #[error("cannot read {what} {path}: {source}")]
-    ReadFile { what: &'static str, path: String, source: std::io::Error },
-    #[error("token file {0} is empty")]
-    EmptyToken(String),
-    #[error("invalid kas address {address}: {message}")]
-    KasAddress { address: String, message: String },
-    #[error("Kubernetes client configuration: {0}")]
-    Kube(String),
-    #[error("cannot listen on --observability-address {address}: {source}")]
-    ObservabilityBind { address: SocketAddr, source: std::io::Error },
-}
-
 /// Called with each configuration kas sends (e.g. to change the log level).
 pub type ConfigurationObserver = Arc<dyn Fn(&pb::AgentConfiguration) + Send + Sync>;
-
-/// What agentk exposes while running (readiness, tests).
-#[derive(Clone, Debug)]
-pub struct Status {
-    pub connected: watch::Receiver<Option<ConnectionId>>,
-    pub pool: watch::Receiver<PoolStats>,
-    pub configuration: watch::Receiver<Option<pb::ConfigurationResponse>>,
-    /// Connection attempts that ended in an error (rejected token, kas unreachable, ...).
-    pub failed_attempts: watch::Receiver<u64>,
-    /// The bound address of the observability listener (`/livez`, `/readyz`).
-    pub observability_address: SocketAddr,
-}
-
-impl Status {
-    /// Ready: connected to kas with at least one idle tunnel.
-    pub fn is_ready(&self) -> bool {
-        self.connected.borrow().is_some() && self.pool.borrow().idle > 0
-    }
-}
 
 pub struct App {
     config: AgentConfig,

@@ -3,15 +3,19 @@
 pub mod app;
 pub mod backoff;
 pub mod config;
+pub mod error;
 pub mod metrics;
 pub mod modules;
 pub mod observability;
 pub mod pool;
+pub mod status;
 pub mod tunnel;
 
-pub use app::{AgentError, App, Status};
+pub use app::App;
 pub use config::{AgentConfig, Args, KubeSource};
+pub use error::AgentError;
 pub use observability::{LIVEZ_PATH, READYZ_PATH};
+pub use status::Status;
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 pub const COMMIT: &str = match option_env!("AGENTK_COMMIT") {

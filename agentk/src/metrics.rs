@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
-use crate::app::Status;
+use crate::status::Status;
 
 pub const TUNNELS: &str = "agentk_tunnels";
 pub const CONNECTED: &str = "agentk_connected";

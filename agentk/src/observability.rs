@@ -14,7 +14,8 @@ use axum::routing::get;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::app::{AgentError, Status};
+use crate::error::AgentError;
+use crate::status::Status;
 
 /// Liveness probe path.
 pub const LIVEZ_PATH: &str = "/livez";

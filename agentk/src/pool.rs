@@ -91,11 +91,7 @@ pub struct PoolContext {
     pub stats: watch::Sender<PoolStats>,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PoolStats {
-    pub idle: usize,
-    pub in_use: usize,
-}
+pub use crate::status::PoolStats;
 
 enum Event {
     /// A tunnel got its request.

@@ -7,6 +7,7 @@ pub mod listen;
 pub mod observability;
 pub mod rest;
 pub mod rest_serve;
+pub mod rest_state;
 
 use std::time::Duration;
 

@@ -13,7 +13,6 @@
 //! - Every response carries `x-request-id` (the caller's, or a generated UUID); logs of the
 //!   request run in a span with it, and agentk receives it in the forwarded metadata.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use axum::Json;
@@ -24,7 +23,6 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header}
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use kas_proto::kas::{ConnectedAgentInfo, GetPodsRequest};
-use kas_proto::tunnel::pb::MetadataValues;
 use kas_proto::{AgentId, ProjectId};
 use serde::{Deserialize, Serialize};
 use tower_http::cors::{AllowOrigin, CorsLayer};
@@ -38,11 +36,10 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use utoipa_swagger_ui::SwaggerUi;
 
-use crate::auth::JwtVerifier;
 use crate::config::RestConfig;
 use crate::error::KasError;
 use crate::modules::get_pods::{self, Scope};
-use crate::router::Router;
+pub use crate::server::rest_state::{RestState, forwarded_metadata};
 
 /// Media type of every error body.
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -54,16 +51,6 @@ pub const SWAGGER_UI_PATH: &str = "/swagger-ui";
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 /// Name of the security scheme in the OpenAPI document (the handlers' `security` repeats it).
 const BEARER: &str = "bearer";
-
-/// What the REST handlers share. The Kubernetes API proxy routes use the same state.
-#[derive(Clone)]
-pub struct RestState {
-    /// The one router (the same `KasApi` uses).
-    pub router: Router,
-    /// Verifies callers' JWTs (GitLab's: the api listener's rules).
-    pub verifier: JwtVerifier,
-    pub config: RestConfig,
-}
 
 tokio::task_local! {
     /// The request id of the request being served (set by [`request_scope`]).
@@ -399,18 +386,6 @@ pub struct KubernetesStatus {
     pub reason: String,
     /// The HTTP status code.
     pub code: u16,
-}
-
-/// The whitelisted caller headers (`FORWARDED_METADATA`) as tunnel metadata for agentk.
-pub fn forwarded_metadata(headers: &HeaderMap) -> HashMap<String, MetadataValues> {
-    kas_proto::metadata::FORWARDED_METADATA
-        .iter()
-        .filter_map(|key| {
-            let values: Vec<String> =
-                headers.get_all(*key).iter().filter_map(|v| v.to_str().ok().map(str::to_owned)).collect();
-            (!values.is_empty()).then(|| ((*key).to_owned(), MetadataValues { values }))
-        })
-        .collect()
 }
 
 /// One handler documented for several methods shares its `operation_id`; OpenAPI requires

@@ -10,6 +10,9 @@ use serde_json::Value;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tower::ServiceExt;
 
+use crate::auth::JwtVerifier;
+use crate::router::Router;
+
 use super::*;
 use crate::auth::jwt::{GITLAB_ISSUER, KAS_AUDIENCE, KAS_ISSUER};
 use crate::auth::{Secret, mint_jwt};

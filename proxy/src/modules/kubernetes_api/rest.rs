@@ -23,7 +23,7 @@ use tokio_util::io::ReaderStream;
 
 use super::{Exchange, pump_body, start};
 use crate::error::KasError;
-use crate::server::rest::{RestState, forwarded_metadata};
+use crate::server::rest_state::{RestState, forwarded_metadata};
 
 /// Marks a response as the API server's own, so the rest listener never rewrites it.
 #[derive(Debug, Clone, Copy)]

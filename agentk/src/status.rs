@@ -1,0 +1,34 @@
+//! What a running agentk exposes (readiness, metrics, tests): its own file, so that the
+//! observability listener and the metrics read it without depending on the lifecycle in `app`.
+
+use std::net::SocketAddr;
+
+use kas_proto::ConnectionId;
+use kas_proto::tunnel::pb;
+use tokio::sync::watch;
+
+/// What agentk exposes while running (readiness, tests).
+#[derive(Clone, Debug)]
+pub struct Status {
+    pub connected: watch::Receiver<Option<ConnectionId>>,
+    pub pool: watch::Receiver<PoolStats>,
+    pub configuration: watch::Receiver<Option<pb::ConfigurationResponse>>,
+    /// Connection attempts that ended in an error (rejected token, kas unreachable, ...).
+    pub failed_attempts: watch::Receiver<u64>,
+    /// The bound address of the observability listener (`/livez`, `/readyz`).
+    pub observability_address: SocketAddr,
+}
+
+impl Status {
+    /// Ready: connected to kas with at least one idle tunnel.
+    pub fn is_ready(&self) -> bool {
+        self.connected.borrow().is_some() && self.pool.borrow().idle > 0
+    }
+}
+
+/// The tunnel pool's counts (kept by `pool`, read by readiness and metrics).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    pub idle: usize,
+    pub in_use: usize,
+}

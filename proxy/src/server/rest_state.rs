@@ -1,0 +1,34 @@
+//! What the REST gateway's handlers share with the feature modules that add routes to it (the
+//! Kubernetes API proxy): kept apart from `rest.rs`, which assembles those routes, so that the
+//! modules do not depend on the file that depends on them.
+
+use std::collections::HashMap;
+
+use axum::http::HeaderMap;
+use kas_proto::tunnel::pb::MetadataValues;
+
+use crate::auth::JwtVerifier;
+use crate::config::RestConfig;
+use crate::router::Router;
+
+/// What the REST handlers share. The Kubernetes API proxy routes use the same state.
+#[derive(Clone)]
+pub struct RestState {
+    /// The one router (the same `KasApi` uses).
+    pub router: Router,
+    /// Verifies callers' JWTs (GitLab's: the api listener's rules).
+    pub verifier: JwtVerifier,
+    pub config: RestConfig,
+}
+
+/// The whitelisted caller headers (`FORWARDED_METADATA`) as tunnel metadata for agentk.
+pub fn forwarded_metadata(headers: &HeaderMap) -> HashMap<String, MetadataValues> {
+    kas_proto::metadata::FORWARDED_METADATA
+        .iter()
+        .filter_map(|key| {
+            let values: Vec<String> =
+                headers.get_all(*key).iter().filter_map(|v| v.to_str().ok().map(str::to_owned)).collect();
+            (!values.is_empty()).then(|| ((*key).to_owned(), MetadataValues { values }))
+        })
+        .collect()
+}
