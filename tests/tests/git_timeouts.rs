@@ -65,6 +65,18 @@ async fn unconnectable() -> (SocketAddr, TcpListener, Vec<TcpStream>) {
     (address, listener, held)
 }
 
+/// The presence stream fails UNAVAILABLE, naming the repository, the cause and the setting with
+/// its value, after the 1 s timeout and well before BOUND.
+async fn failed_by_timeout(c: &Cluster, url: &str, cause: &str, setting: &str) {
+    let (e, elapsed) = failing_presence(c).await;
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert!(e.message().contains(url), "{e:?}");
+    assert!(e.message().contains(cause), "{e:?}");
+    assert!(e.message().contains(setting), "the message names the setting: {e:?}");
+    assert!(elapsed < BOUND, "the poll took {elapsed:?} with {setting}: {e:?}");
+    assert!(elapsed >= TIMEOUT / 2, "failed before the server could have answered: {elapsed:?}: {e:?}");
+}
+
 #[tokio::test]
 async fn a_git_server_that_never_accepts_fails_the_poll_after_connect_timeout() {
     let (address, _listener, _held) = unconnectable().await;
@@ -79,13 +91,7 @@ async fn a_git_server_that_never_accepts_fails_the_poll_after_connect_timeout() 
         })
         .start()
         .await;
-    let (e, elapsed) = failing_presence(&c).await;
-    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
-    assert!(e.message().contains(&shown), "{e:?}");
-    assert!(e.message().contains("deadline has elapsed"), "{e:?}");
-    assert!(e.message().contains("agents.git.connect_timeout = 1s"), "the message names the setting: {e:?}");
-    assert!(elapsed < BOUND, "the poll took {elapsed:?} with connect_timeout {TIMEOUT:?}: {e:?}");
-    assert!(elapsed >= TIMEOUT / 2, "failed before the server could have answered: {elapsed:?}: {e:?}");
+    failed_by_timeout(&c, &shown, "deadline has elapsed", "agents.git.connect_timeout = 1s").await;
 }
 
 #[tokio::test]
@@ -106,14 +112,8 @@ async fn a_git_server_that_never_answers_fails_the_poll_after_fetch_timeout() {
         })
         .start()
         .await;
-    let (e, elapsed) = failing_presence(&c).await;
-    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
-    assert!(e.message().contains(&shown), "{e:?}");
-    assert!(e.message().contains("timed out"), "{e:?}");
-    assert!(e.message().contains("agents.git.fetch_timeout = 1s"), "the message names the setting: {e:?}");
-    assert!(proxy.accepted() > 0, "kas connected: {e:?}");
-    assert!(elapsed < BOUND, "the poll took {elapsed:?} with fetch_timeout {TIMEOUT:?}: {e:?}");
-    assert!(elapsed >= TIMEOUT / 2, "failed before the server could have answered: {elapsed:?}: {e:?}");
+    failed_by_timeout(&c, &shown, "timed out", "agents.git.fetch_timeout = 1s").await;
+    assert!(proxy.accepted() > 0, "kas connected");
     assert_eq!(git.upload_pack_posts(), 0);
 
     // The server answering again: the next poll succeeds (nothing stuck behind the timed-out one).
