@@ -123,7 +123,7 @@ const GRPC_ALPN: &[&[u8]] = &[b"h2"];
 /// connections.handshake_timeout.
 fn load_tls(listener: &'static str, config: &ListenerConfig) -> Result<Option<tokio_rustls::TlsAcceptor>, AppError> {
     let Some(tls) = &config.tls else { return Ok(None) };
-    crate::server::rest_serve::server_tls(&tls.certificate_file, &tls.key_file, None, GRPC_ALPN)
+    crate::tools::tls::server_tls(&tls.certificate_file, &tls.key_file, None, GRPC_ALPN)
         .map(Some)
         .map_err(|message| AppError::HttpTls { listener, message })
 }
@@ -139,7 +139,7 @@ fn read_pem(path: &std::path::Path) -> Result<Vec<u8>, AppError> {
 /// The internal listener's TLS from `kas_internal.tls`; mutual when client certificates are required.
 fn internal_server_tls(t: &crate::config::InternalTlsConfig) -> Result<tokio_rustls::TlsAcceptor, AppError> {
     let client_ca = t.require_client_certificates.then_some(t.ca_file.as_path());
-    crate::server::rest_serve::server_tls(&t.certificate_file, &t.key_file, client_ca, GRPC_ALPN)
+    crate::tools::tls::server_tls(&t.certificate_file, &t.key_file, client_ca, GRPC_ALPN)
         .map_err(|message| AppError::HttpTls { listener: "internal", message })
 }
 
@@ -147,7 +147,10 @@ fn internal_server_tls(t: &crate::config::InternalTlsConfig) -> Result<tokio_rus
 /// this kas's certificate presented (for mutual TLS).
 fn internal_client_tls(t: &crate::config::InternalTlsConfig) -> Result<tonic::transport::ClientTlsConfig, AppError> {
     Ok(tonic::transport::ClientTlsConfig::new()
-        .ca_certificate(tonic::transport::Certificate::from_pem(read_pem(&t.ca_file)?))
+        .ca_certificate(tonic::transport::Certificate::from_pem(
+            crate::tools::tls::read_ca_bundle(&t.ca_file)
+                .map_err(|message| AppError::HttpTls { listener: "internal", message })?,
+        ))
         .domain_name(t.server_name.clone())
         .identity(Identity::from_pem(read_pem(&t.certificate_file)?, read_pem(&t.key_file)?)))
 }
@@ -238,14 +241,14 @@ impl App {
             },
             rest: match &config.listeners.rest.tls {
                 Some(tls) => Some(
-                    crate::server::rest_serve::tls_acceptor(tls)
+                    crate::tools::tls::tls_acceptor(tls)
                         .map_err(|message| AppError::HttpTls { listener: "rest", message })?,
                 ),
                 None => None,
             },
             observability: match &config.listeners.observability.tls {
                 Some(tls) => Some(
-                    crate::server::rest_serve::tls_acceptor(tls)
+                    crate::tools::tls::tls_acceptor(tls)
                         .map_err(|message| AppError::HttpTls { listener: "observability", message })?,
                 ),
                 None => None,

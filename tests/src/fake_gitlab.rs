@@ -105,11 +105,9 @@ impl FakeGitlab {
         std::fs::write(&key_file, cert.signing_key.serialize_pem()).expect("write key");
         // rustls's server config, built by kas's loader (the tests crate does not depend on
         // rustls itself); the HTTP serving below is axum's, not kas's.
-        let acceptor = kas::server::rest_serve::tls_acceptor(&kas::config::TlsConfig {
-            certificate_file: ca_file.clone(),
-            key_file,
-        })
-        .expect("fake gitlab TLS config");
+        let acceptor =
+            kas::tools::tls::tls_acceptor(&kas::config::TlsConfig { certificate_file: ca_file.clone(), key_file })
+                .expect("fake gitlab TLS config");
 
         let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind fake gitlab");
         let addr = tcp.local_addr().expect("addr");
