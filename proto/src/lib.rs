@@ -44,4 +44,4 @@ pub mod get_pods {
     pub const METHOD: &str = "/kas.get_pods.v1.GetPodsAgent/GetPods";
 }
 
-pub use ids::{AgentId, ConnectionId, ProjectId};
+pub use ids::{AgentId, ConnectionId, InvalidId, ProjectId};

@@ -117,12 +117,8 @@ impl StaticAgentsFile {
         let mut hashes = std::collections::HashSet::new();
         for (i, a) in self.agents.iter().enumerate() {
             let at = format!("agents[{i}]");
-            if a.id <= 0 {
-                return Err(format!("{at}.id must be a positive integer, got {}", a.id));
-            }
-            if a.project_id <= 0 {
-                return Err(format!("{at}.project_id must be a positive integer, got {}", a.project_id));
-            }
+            AgentId::from_wire(&format!("{at}.id"), a.id).map_err(|e| e.to_string())?;
+            ProjectId::from_wire(&format!("{at}.project_id"), a.project_id).map_err(|e| e.to_string())?;
             if a.name.trim().is_empty() {
                 return Err(format!("{at}.name must not be empty"));
             }

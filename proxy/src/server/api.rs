@@ -30,13 +30,6 @@ pub fn jwt_interceptor(verifier: JwtVerifier) -> impl tonic::service::Intercepto
     }
 }
 
-fn positive(name: &str, v: i64) -> Result<(), KasError> {
-    if v <= 0 {
-        return Err(KasError::InvalidArgument(format!("{name} must be a positive integer, got {v}")));
-    }
-    Ok(())
-}
-
 type FrameStream = std::pin::Pin<Box<dyn Stream<Item = Result<HttpFrame, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -55,8 +48,8 @@ impl KasApi for ApiService {
         };
         let mut exchange = kubernetes_api::start(
             &self.router,
-            AgentId(first.agent_id),
-            ConnectionId(first.connection_id),
+            AgentId::from_wire("agent_id", first.agent_id).map_err(KasError::from)?,
+            ConnectionId::from_wire_or_any("connection_id", first.connection_id).map_err(KasError::from)?,
             metadata,
             head,
             None,
@@ -97,10 +90,8 @@ impl KasApi for ApiService {
         &self,
         request: Request<ConnectedAgentsForProjectRequest>,
     ) -> Result<Response<ConnectedAgentsForProjectResponse>, Status> {
-        let project_id = request.into_inner().project_id;
-        positive("project_id", project_id)?;
-        let agents =
-            self.router.registry().connections_by_project_id(ProjectId(project_id)).await.map_err(KasError::from)?;
+        let project_id = ProjectId::from_wire("project_id", request.into_inner().project_id).map_err(KasError::from)?;
+        let agents = self.router.registry().connections_by_project_id(project_id).await.map_err(KasError::from)?;
         Ok(Response::new(ConnectedAgentsForProjectResponse { agents }))
     }
 
@@ -108,9 +99,8 @@ impl KasApi for ApiService {
         &self,
         request: Request<ConnectedAgentsByIdRequest>,
     ) -> Result<Response<ConnectedAgentsByIdResponse>, Status> {
-        let agent_id = request.into_inner().agent_id;
-        positive("agent_id", agent_id)?;
-        let agents = self.router.registry().connections_by_agent_id(AgentId(agent_id)).await.map_err(KasError::from)?;
+        let agent_id = AgentId::from_wire("agent_id", request.into_inner().agent_id).map_err(KasError::from)?;
+        let agents = self.router.registry().connections_by_agent_id(agent_id).await.map_err(KasError::from)?;
         Ok(Response::new(ConnectedAgentsByIdResponse { agents }))
     }
 

@@ -114,7 +114,7 @@ async fn proxy_inner(
             },
         }
     };
-    let mut exchange = start(&state.router, AgentId(agent_id), ConnectionId::ANY, metadata, head, None).await?;
+    let mut exchange = start(&state.router, agent_id, ConnectionId::ANY, metadata, head, None).await?;
     let sender = exchange.take_sender();
     let request_pump = match (body, sender) {
         (Some(RequestBody::Streamed(body)), Some(sender)) => Some(pump_body(sender, body.into_data_stream())),
@@ -162,12 +162,8 @@ fn response_status(status: u32) -> Result<http::StatusCode, KasError> {
 }
 
 /// The `{agent_id}` path parameter.
-pub(crate) fn agent_id_param(params: &HashMap<String, String>) -> Result<i64, KasError> {
-    params
-        .get("agent_id")
-        .and_then(|s| s.parse::<i64>().ok())
-        .filter(|id| *id > 0)
-        .ok_or_else(|| KasError::InvalidArgument("agent_id must be a positive integer".into()))
+pub(crate) fn agent_id_param(params: &HashMap<String, String>) -> Result<AgentId, KasError> {
+    Ok(AgentId::parse("agent_id", params.get("agent_id").map_or("", String::as_str))?)
 }
 
 enum RequestBody {
