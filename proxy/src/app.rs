@@ -12,12 +12,13 @@ use kas_proto::tunnel::pb::agent_tunnel_server::AgentTunnelServer;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tonic::service::interceptor::InterceptedService;
+use tonic::service::interceptor::InterceptorLayer;
 use tonic::transport::{Identity, Server};
 
 use crate::auth::{JwtVerifier, Secret, StaticAgents, TokenVerifier};
 use crate::config::{Config, ConfigError, ListenerConfig};
 use crate::modules::configuration::{AgentConfigurations, ConfigurationSource};
+use crate::modules::{GrpcServices, ModuleContext};
 use crate::registry::{AgentRegistry, MemoryRegistry, MemoryStore, RedisRegistry, new_instance_id};
 use crate::router::Router;
 use crate::router::peers::Peers;
@@ -25,8 +26,8 @@ use crate::server::agent::AgentService;
 use crate::server::api::{ApiService, jwt_interceptor};
 use crate::server::internal::InternalService;
 use crate::server::listen::{self, Acceptor, ConnectionLimits};
+use crate::server::rest::serve::HttpSettings;
 use crate::server::rest::{self, RestState};
-use crate::server::rest_serve::HttpSettings;
 use crate::tunnel::{TunnelRegistry, TunnelStats};
 
 /// agentk pings are answered by the transport; kas pings too so a dead agent is noticed in
@@ -363,6 +364,11 @@ impl Bound {
         let _ = tunnels_handle.set(tunnels.clone());
         // Installed before anything is recorded (metrics recorded without a recorder are lost).
         crate::metrics::handle();
+        // The features, in one list (modules::all): their metrics, services and routes.
+        let modules = crate::modules::all();
+        for module in &modules {
+            module.describe_metrics();
+        }
         let peers = match &config.kas_internal.tls {
             Some(t) => Peers::new(internal_secret.clone()).with_tls(internal_client_tls(t)?),
             None => Peers::new(internal_secret.clone()),
@@ -376,6 +382,14 @@ impl Bound {
             tracing::warn!(error = %e, "first registry heartbeat failed; retrying periodically");
         }
         let configurations: Arc<dyn ConfigurationSource> = configurations;
+        let mut services = GrpcServices::default();
+        let context = ModuleContext { router: router.clone(), agent_tokens: verifier.clone() };
+        for module in &modules {
+            module.grpc_services(&context, &mut services);
+        }
+        // The specification's services first; each feature's own follow.
+        let GrpcServices { agent: mut agent_services, api: mut api_services, internal: mut internal_services } =
+            services;
 
         let agent_service = AgentService {
             verifier,
@@ -400,12 +414,19 @@ impl Bound {
         // A peer kas may forward up to its routing.max_concurrent_requests on one connection.
         let internal_streams = streams.max(u32::try_from(config.routing.max_concurrent_requests).unwrap_or(u32::MAX));
         let max_message = config.limits.max_grpc_message_bytes;
+        agent_services.add_service(AgentTunnelServer::new(agent_service).max_decoding_message_size(max_message));
+        api_services.add_service(
+            KasApiServer::new(ApiService { router: router.clone() }).max_decoding_message_size(max_message),
+        );
+        internal_services.add_service(
+            KasInternalServer::new(InternalService { router: router.clone() }).max_decoding_message_size(max_message),
+        );
         let mut agent_task = spawn_server(
             "agent",
             flow_control(builder(streams), streams)
                 .http2_keepalive_interval(Some(AGENT_KEEPALIVE_INTERVAL))
                 .http2_keepalive_timeout(Some(AGENT_KEEPALIVE_TIMEOUT))
-                .add_service(AgentTunnelServer::new(agent_service).max_decoding_message_size(max_message))
+                .add_routes(agent_services.routes())
                 .serve_with_incoming_shutdown(incoming("agent", agent, tls.agent), shutdown.clone().cancelled_owned()),
         );
         let mut api_task = spawn_server(
@@ -413,14 +434,12 @@ impl Bound {
             flow_control(builder(streams), streams)
                 .http2_keepalive_interval(Some(GRPC_KEEPALIVE_INTERVAL))
                 .http2_keepalive_timeout(Some(GRPC_KEEPALIVE_TIMEOUT))
-                .add_service(InterceptedService::new(
-                    KasApiServer::new(ApiService { router: router.clone() }).max_decoding_message_size(max_message),
-                    jwt_interceptor(
-                        JwtVerifier::gitlab(&gitlab_secret)
-                            .with_max_lifetime(config.auth.jwt_max_lifetime)
-                            .for_listener("api"),
-                    ),
-                ))
+                .layer(InterceptorLayer::new(jwt_interceptor(
+                    JwtVerifier::gitlab(&gitlab_secret)
+                        .with_max_lifetime(config.auth.jwt_max_lifetime)
+                        .for_listener("api"),
+                )))
+                .add_routes(api_services.routes())
                 .serve_with_incoming_shutdown(incoming("api", api, tls.api), shutdown.clone().cancelled_owned()),
         );
         let rest_state = RestState {
@@ -444,7 +463,7 @@ impl Bound {
         let stop_observability = CancellationToken::new();
         let observability_limits =
             ConnectionLimits { max_connections: listen::OBSERVABILITY_MAX_CONNECTIONS, ..limits };
-        let observability_task = tokio::spawn(crate::server::rest_serve::serve(
+        let observability_task = tokio::spawn(crate::server::rest::serve::serve(
             Acceptor::new("observability", observability, observability_limits),
             tls.observability,
             crate::server::observability::router(crate::server::observability::ObservabilityState {
@@ -457,10 +476,10 @@ impl Bound {
             stop_observability.clone(),
         ));
         let mut rest_task = tokio::spawn(async move {
-            crate::server::rest_serve::serve(
+            crate::server::rest::serve::serve(
                 Acceptor::new("rest", rest, limits),
                 rest_tls,
-                rest::router(rest_state),
+                rest::router(rest_state, &modules),
                 http,
                 rest_shutdown,
             )
@@ -472,14 +491,12 @@ impl Bound {
             flow_control(builder(internal_streams), internal_streams)
                 .http2_keepalive_interval(Some(GRPC_KEEPALIVE_INTERVAL))
                 .http2_keepalive_timeout(Some(GRPC_KEEPALIVE_TIMEOUT))
-                .add_service(InterceptedService::new(
-                    KasInternalServer::new(InternalService { router }).max_decoding_message_size(max_message),
-                    jwt_interceptor(
-                        JwtVerifier::internal(&internal_secret)
-                            .with_max_lifetime(config.auth.jwt_max_lifetime)
-                            .for_listener("internal"),
-                    ),
-                ))
+                .layer(InterceptorLayer::new(jwt_interceptor(
+                    JwtVerifier::internal(&internal_secret)
+                        .with_max_lifetime(config.auth.jwt_max_lifetime)
+                        .for_listener("internal"),
+                )))
+                .add_routes(internal_services.routes())
                 .serve_with_incoming_shutdown(
                     incoming("internal", internal, tls.internal),
                     shutdown.clone().cancelled_owned(),

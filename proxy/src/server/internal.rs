@@ -32,7 +32,6 @@ fn hop(md: &MetadataMap, key: &'static str) -> Result<String, KasError> {
         .ok_or_else(|| KasError::InvalidArgument(format!("missing {key} metadata")))
 }
 
-
 /// The agent connection and method a routing kas names in its hop metadata.
 fn hop_target(md: &MetadataMap) -> Result<Target, KasError> {
     Ok(Target::new(

@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod git;
+pub mod metrics;
 pub mod mirror;
 
 use std::path::PathBuf;
@@ -76,7 +77,7 @@ impl AgentConfigurations {
                     RepositoryLocation::Remote(url) => mirrors.fetch(url, repo.branch.as_deref()),
                 })
                 .await;
-                crate::metrics::git_poll(result.is_ok(), remote, started.elapsed());
+                metrics::git_poll(result.is_ok(), remote, started.elapsed());
                 if let Err(e) = &result {
                     tracing::warn!(repository = %repository.location, error = %e, "configuration repository poll failed");
                 }
@@ -114,5 +115,19 @@ impl ConfigurationSource for AgentConfigurations {
         let (dir, commit) = self.resolve(repository).await?;
         let (name, max) = (agent.name.clone(), self.max_config_bytes);
         blocking(move || git::read_configuration_at(&dir, &commit, &name, max)).await
+    }
+}
+
+/// The feature's registration (see [`crate::modules::Module`]). Its service is the
+/// specification's `AgentTunnel.GetConfiguration` (the agent listener's presence stream).
+pub struct Configuration;
+
+impl super::Module for Configuration {
+    fn name(&self) -> &'static str {
+        "configuration"
+    }
+
+    fn describe_metrics(&self) {
+        metrics::describe();
     }
 }
