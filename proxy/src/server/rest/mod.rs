@@ -1,6 +1,7 @@
-//! The rest listener: a JSON-over-HTTP gateway to the same [`Router`] and registry `KasApi`
-//! uses (no second routing path), with its OpenAPI document generated from this code and
-//! Swagger UI.
+//! The rest listener: a JSON-over-HTTP gateway to the same `Router` and registry `KasApi` uses
+//! (no second routing path). The features (`modules::all()`) hand it their routes; it adds
+//! authentication, limits, request ids, CORS, problem errors, the OpenAPI document generated
+//! from the routes, and Swagger UI.
 //!
 //! - `/api/...` needs `Authorization: Bearer <JWT>`, verified exactly like the api listener
 //!   ([`JwtVerifier::gitlab`]); `/openapi.json` and `/swagger-ui` are public.
@@ -123,7 +124,7 @@ impl Modify for BearerScheme {
                        response bodies (64-bit); errors are application/problem+json (RFC 9457)."
     ),
     components(schemas(Problem)),
-    modifiers(&BearerScheme, &UniqueOperationIds),
+    modifiers(&BearerScheme),
     tags(
         (name = "agents", description = "Agent connections and agent calls"),
         (name = "kubernetes", description = "The agent's Kubernetes API, proxied"),

@@ -305,16 +305,21 @@ fn openapi_document_is_committed() {
     );
 }
 
-#[tokio::test]
-async fn large_bodies_are_413_problems() {
+/// A 100-byte body with its Content-Length, to a rest listener whose body limit is 16 bytes.
+async fn post_100_bytes_with_a_16_byte_limit(path: &str) -> (StatusCode, HeaderMap, Value) {
     let config = RestConfig { max_request_body_bytes: 16, ..RestConfig::default() };
     let f = fixture_with(config, Duration::from_millis(200));
-    let req = Request::post("/api/v1/agents/1/connections")
+    let req = Request::post(path)
         .header("authorization", format!("Bearer {}", f.token()))
         .header(header::CONTENT_LENGTH, "100")
         .body(Body::from(vec![b'x'; 100]))
         .unwrap();
-    let (s, h, b) = f.send(req).await;
+    f.send(req).await
+}
+
+#[tokio::test]
+async fn large_bodies_are_413_problems() {
+    let (s, h, b) = post_100_bytes_with_a_16_byte_limit("/api/v1/agents/1/connections").await;
     assert!(assert_problem(s, &h, &b, StatusCode::PAYLOAD_TOO_LARGE).contains("max_request_body_bytes"));
 }
 
@@ -380,14 +385,8 @@ async fn internal_detail_is_not_in_problems_and_bare_errors_become_problems() {
 /// Kubernetes `Status` (what the API server answers; kubectl prints it), not a problem.
 #[tokio::test]
 async fn large_bodies_on_the_kubernetes_path_are_413_statuses() {
-    let config = RestConfig { max_request_body_bytes: 16, ..RestConfig::default() };
-    let f = fixture_with(config, Duration::from_millis(200));
-    let req = Request::post("/api/v1/agents/1/kubernetes/api/v1/namespaces/default/pods")
-        .header("authorization", format!("Bearer {}", f.token()))
-        .header(header::CONTENT_LENGTH, "100")
-        .body(Body::from(vec![b'x'; 100]))
-        .unwrap();
-    let (s, h, body) = f.send(req).await;
+    let (s, h, body) =
+        post_100_bytes_with_a_16_byte_limit("/api/v1/agents/1/kubernetes/api/v1/namespaces/default/pods").await;
     assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(h.get(header::CONTENT_TYPE).unwrap(), "application/json");
     assert_eq!((body["kind"].as_str(), body["code"].as_u64()), (Some("Status"), Some(413)), "{body}");
