@@ -41,7 +41,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         config.bytes(["."]);
         // `AgentTunnel.Connect` would clash with the generated `Client::connect(dst)`; clients
         // are built with `::new(channel)` instead, so transport constructors are not generated.
-        let mut builder = tonic_prost_build::configure().build_transport(false).out_dir(&out);
+        // `flow::Codec`: prost with small initial buffers (memory per tunnel, issue 12).
+        let mut builder =
+            tonic_prost_build::configure().build_transport(false).codec_path("crate::flow::Codec").out_dir(&out);
         for (package, path) in *externs {
             builder = builder.extern_path(*package, *path);
         }

@@ -39,6 +39,45 @@ pub const MAX_CHUNK: usize = 32 * 1024;
 /// [`MAX_CHUNK`] of body, for agentk and kas as shipped).
 pub const HOP_BUFFER: usize = 2;
 
+/// Initial size of tonic's per-stream encode and decode buffers (tonic's default is 8 KiB). Every
+/// stream allocates one of each up front, idle tunnels included; the buffers grow to the message
+/// being coded, so a small start costs nothing for large messages and saves up to 14 KiB per stream.
+pub const CODEC_BUFFER: usize = 1024;
+
+/// The codec of every generated service (`proto/build.rs`): prost with [`CODEC_BUFFER`]-sized
+/// initial buffers and a [`MAX_CHUNK`] yield threshold (one tunnel message per HTTP/2 write).
+#[derive(Debug, Clone, Copy)]
+pub struct Codec<T, U>(std::marker::PhantomData<(T, U)>);
+
+impl<T, U> Default for Codec<T, U> {
+    fn default() -> Self {
+        Self(std::marker::PhantomData)
+    }
+}
+
+fn buffer_settings() -> tonic::codec::BufferSettings {
+    tonic::codec::BufferSettings::new(CODEC_BUFFER, MAX_CHUNK)
+}
+
+impl<T, U> tonic::codec::Codec for Codec<T, U>
+where
+    T: prost::Message + Send + 'static,
+    U: prost::Message + Default + Send + 'static,
+{
+    type Encode = T;
+    type Decode = U;
+    type Encoder = tonic_prost::ProstEncoder<T>;
+    type Decoder = tonic_prost::ProstDecoder<U>;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        tonic_prost::ProstEncoder::new(buffer_settings())
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        tonic_prost::ProstDecoder::new(buffer_settings())
+    }
+}
+
 /// Splits a body chunk into pieces of at most [`MAX_CHUNK`] bytes (zero-copy slices).
 pub fn split_chunk(mut chunk: bytes::Bytes) -> impl Iterator<Item = bytes::Bytes> {
     std::iter::from_fn(move || {
@@ -59,6 +98,18 @@ mod tests {
         assert_eq!(connection_window(1024), 1024 * STREAM_WINDOW);
         assert_eq!(connection_window(u32::MAX), MAX_WINDOW);
         assert!(connection_window(10_000) >= 10_000u32.saturating_mul(STREAM_WINDOW).min(MAX_WINDOW));
+    }
+
+    #[test]
+    fn the_codec_starts_small_and_yields_each_chunk() {
+        use tonic::codec::{Codec as _, Decoder as _, Encoder as _};
+        let mut codec = Codec::<crate::tunnel::pb::ConnectRequest, crate::tunnel::pb::ConnectResponse>::default();
+        for settings in [codec.encoder().buffer_settings(), codec.decoder().buffer_settings()] {
+            assert_eq!(
+                format!("{settings:?}"),
+                format!("{:?}", tonic::codec::BufferSettings::new(CODEC_BUFFER, MAX_CHUNK))
+            );
+        }
     }
 
     #[test]
