@@ -5,9 +5,16 @@
 //! connection's window: the connection window is sized for every stream holding its full stream
 //! window at once ([`connection_window`] = streams allowed × [`STREAM_WINDOW`], capped at the
 //! HTTP/2 maximum).
-//! The stream window is also what a receiving hop buffers for a reader that stopped: 1,000
-//! unread streams cost each kas about 1,000 × (window + a few chunks).
-//! See ARCHITECTURE.md ("Back-pressure") for the throughput side of the choice.
+//! The stream window is also what a hop buffers for a reader that stopped, twice over at a
+//! relaying kas: its receive window towards the sender, and (while the next hop's socket is
+//! backed up) up to the next hop's window queued to send. Heap profiles of 1,000 unread streams
+//! through two kas also show tonic's per-stream receive buffer (it reserves a whole message
+//! ahead and grows by doubling: 32-64 KiB per stream with 8-32 KiB messages) and fixed costs of
+//! ~12 KiB per stream (gateway) and ~30 KiB (routing kas, most of it hyper's HTTP/1.1 buffers).
+//! Issue 12's 64 MiB bound for 1,000 streams (~65 KiB per stream, everything included) was met
+//! only with 8 KiB windows on kas's receiving sides and 4 KiB chunks, which cut a 200 MiB
+//! response to a quarter to a fifth of its speed; these values keep the speed and do not meet it. See
+//! ARCHITECTURE.md ("Back-pressure") for the figures.
 
 /// HTTP/2 stream window on every tunnel hop (agentk <-> kas, kas <-> kas): the unread bytes
 /// one stream may leave in a receiver's buffer. One stream's throughput is at most window /
