@@ -36,6 +36,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // built with `::new(channel)` instead, so transport constructors are not generated.
     tonic_prost_build::configure()
         .build_transport(false)
+        // `flow::Codec`: prost with small initial buffers (memory per tunnel, issue 12).
+        .codec_path("crate::flow::Codec")
         .out_dir(&out_dir)
         .include_file("packages.rs")
         .compile_with_config(config, &files, &[PathBuf::from("proto"), include])?;

@@ -84,8 +84,10 @@ async fn ten_unread_large_responses_do_not_slow_other_requests_to_the_same_agent
 }
 
 #[tokio::test]
-#[ignore = "issue 12 item 2: not yet bounded to 64 MiB (with 128 KiB windows: routing kas +155-163 MiB, \
-            gateway +290-361 MiB; before the fix 997 of 1,000 streams never started); run with --ignored"]
+#[ignore = "issue 12 item 2: not met at speed (shipped windows: routing kas +144-161 MiB, gateway \
+            +162-316 MiB; only 8 KiB windows and 4 KiB chunks met it, at a quarter to a fifth of the throughput: see \
+            ARCHITECTURE.md, Back-pressure); run with --ignored, not alongside the other test (it takes \
+            the CPU that test's latency bound needs)"]
 async fn a_thousand_unread_streams_through_a_gateway_kas_keep_both_kas_memory_bounded() {
     const STREAMS: usize = 1000;
     let dir = tempfile::tempdir().unwrap();

@@ -7,8 +7,7 @@ use kas_proto::kas::{GetPodsRequest, GetPodsResponse};
 use kas_proto::metadata::{HOP_AGENT_ID, HOP_CONNECTION_ID, HOP_METHOD};
 use kas_proto::tunnel::pb::{ConnectRequest, ConnectResponse};
 use kas_proto::{AgentId, ConnectionId};
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::{CancellationToken, DropGuard};
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -16,10 +15,6 @@ use crate::error::KasError;
 use crate::modules::get_pods::{self, Scope};
 use crate::router::{Router, Target};
 use crate::tunnel::{TunnelReceiver, TunnelSender};
-
-/// Frames buffered towards the routing kas (each at most one body chunk); HTTP/2 flow control
-/// does the rest.
-const FORWARD_BUFFER: usize = kas_proto::flow::HOP_BUFFER;
 
 pub struct InternalService {
     pub router: Router,
@@ -63,35 +58,39 @@ async fn pipe_requests(mut from_routing: Streaming<ConnectResponse>, to_agent: T
     }
 }
 
-/// agentk -> routing kas: response frames until the response ends.
-async fn pipe_responses(mut from_agent: TunnelReceiver, to_routing: mpsc::Sender<Result<ConnectRequest, Status>>) {
-    loop {
-        match from_agent.recv().await {
+/// agentk -> routing kas: response frames until the response ends, pulled from agentk's tunnel
+/// only when the routing kas's stream can take the next one (tonic polls this stream once hyper
+/// has handed the previous frame to HTTP/2). A relay through a channel would hold its frames
+/// (and the task would keep taking agentk's data) for a routing kas that stopped reading; this
+/// way an unread stream costs the gateway its HTTP/2 window and one frame (`kas_proto::flow`).
+/// Ends when the request side ended (the routing kas went away); dropping it (the response
+/// ended, or the routing kas reset the stream) drops `ended`, which ends the request side.
+fn responses(
+    from_agent: TunnelReceiver,
+    requests_ended: CancellationToken,
+    ended: DropGuard,
+) -> impl futures::Stream<Item = Result<ConnectRequest, Status>> + Send + 'static {
+    futures::stream::unfold(Some((from_agent, requests_ended, ended)), |state| async move {
+        let (mut from_agent, requests_ended, ended) = state?;
+        let next = tokio::select! {
+            // The routing kas went away: dropping the tunnel cancels agentk's work.
+            () = requests_ended.cancelled() => return None,
+            next = from_agent.recv() => next,
+        };
+        match next {
             Ok(Some(msg)) => {
-                if to_routing.send(Ok(ConnectRequest { msg: Some(msg) })).await.is_err() {
-                    return; // the routing kas went away; dropping the tunnel cancels agentk's work
-                }
-                if from_agent.is_done() {
-                    return;
-                }
+                let more = !from_agent.is_done();
+                Some((Ok(ConnectRequest { msg: Some(msg) }), more.then_some((from_agent, requests_ended, ended))))
             }
-            Ok(None) => {
-                let _ = to_routing
-                    .send(Err(Status::unavailable("agentk closed the tunnel before the response ended")))
-                    .await;
-                return;
-            }
-            Err(e) => {
-                let _ = to_routing.send(Err(Status::unavailable(e.to_string()))).await;
-                return;
-            }
+            Ok(None) => Some((Err(Status::unavailable("agentk closed the tunnel before the response ended")), None)),
+            Err(e) => Some((Err(Status::unavailable(e.to_string())), None)),
         }
-    }
+    })
 }
 
 #[tonic::async_trait]
 impl KasInternal for InternalService {
-    type ForwardTunnelStream = ReceiverStream<Result<ConnectRequest, Status>>;
+    type ForwardTunnelStream = futures::stream::BoxStream<'static, Result<ConnectRequest, Status>>;
 
     async fn get_pods(&self, request: Request<GetPodsRequest>) -> Result<Response<GetPodsResponse>, Status> {
         let deadline = super::grpc_timeout(request.metadata());
@@ -111,7 +110,6 @@ impl KasInternal for InternalService {
         // NOT_FOUND here, before the response headers, tells the routing kas to try elsewhere.
         let tunnel = self.router.route_local(&target, deadline).await?;
         let (to_agent, from_agent) = tunnel.split();
-        let (tx, rx) = mpsc::channel(FORWARD_BUFFER);
         let from_routing = request.into_inner();
         let span = tracing::debug_span!(
             "forward",
@@ -119,20 +117,26 @@ impl KasInternal for InternalService {
             connection_id = %target.connection_id,
             kas = %self.router.registry().instance().instance_id
         );
+        // Whichever side ends first ends the exchange: the response is complete (or the routing
+        // kas reset the stream), or the routing kas went away (its caller cancelled) and the
+        // agent's tunnel must be dropped so agentk cancels the API server request. The request
+        // side does not end at CloseSend: it waits for the routing kas to close the stream.
+        let requests_ended = CancellationToken::new();
+        let responses_ended = CancellationToken::new();
         tokio::spawn(tracing::Instrument::instrument(
-            async move {
-                // Whichever side ends first ends the exchange: the response is complete, or the
-                // routing kas went away (its caller cancelled) and the agent's tunnel must be
-                // dropped so agentk cancels the API server request. The request side does not end
-                // at CloseSend: it waits for the routing kas to close the stream.
-                tokio::select! {
-                    () = pipe_requests(from_routing, to_agent) => {}
-                    () = pipe_responses(from_agent, tx) => {}
+            {
+                let requests_ended = requests_ended.clone();
+                let responses_ended = responses_ended.clone();
+                async move {
+                    tokio::select! {
+                        () = pipe_requests(from_routing, to_agent) => requests_ended.cancel(),
+                        () = responses_ended.cancelled() => {}
+                    }
                 }
             },
             span,
         ));
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Ok(Response::new(Box::pin(responses(from_agent, requests_ended, responses_ended.drop_guard()))))
     }
 }
 

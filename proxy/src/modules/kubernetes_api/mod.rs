@@ -116,6 +116,11 @@ impl Exchange {
                                 continue;
                             }
                             metrics::proxied_bytes("response", chunk.len());
+                            // A copy of exactly the chunk: the decoded chunk is a slice of
+                            // tonic's receive buffer, an allocation up to a few messages long
+                            // (tonic reserves ahead and doubles), which the chunk would keep
+                            // alive for as long as the caller leaves it unwritten.
+                            let chunk = Bytes::copy_from_slice(&chunk);
                             return Some((Ok(chunk), Some(receiver)));
                         }
                         Ok(_) => {
