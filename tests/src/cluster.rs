@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
+use crate::certificates::{Certificate, LOCALHOST_AND_IP};
 use crate::fake_gitlab::{FakeGitlab, GitlabAgent};
 use crate::fake_kube::FakeKube;
 use crate::git_http::{GitHttpServer, GitRepo};
@@ -97,13 +98,8 @@ impl ClusterBuilder {
     /// sends its bearer token only over TLS). The certificate is its own CA.
     pub fn rest_tls(self) -> Self {
         self.configure(|config, dir| {
-            let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
-                .expect("certificate");
-            let certificate_file = dir.join("rest.crt");
-            let key_file = dir.join("rest.key");
-            std::fs::write(&certificate_file, cert.cert.pem()).expect("write cert");
-            std::fs::write(&key_file, cert.signing_key.serialize_pem()).expect("write key");
-            config.listeners.rest.tls = Some(kas::config::TlsConfig { certificate_file, key_file });
+            let files = Certificate::self_signed(LOCALHOST_AND_IP).write(dir, "rest");
+            config.listeners.rest.tls = Some(files.tls_config());
         })
     }
 

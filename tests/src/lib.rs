@@ -2,6 +2,7 @@
 //! ephemeral ports, a fake Kubernetes API server, and helpers to call kas the way GitLab does.
 
 pub mod captured_logs;
+pub mod certificates;
 pub mod cluster;
 pub mod fake_gitlab;
 pub mod fake_kube;
@@ -10,6 +11,7 @@ pub mod git_http;
 pub mod process;
 pub mod redis_server;
 pub mod slow_client;
+pub mod tls_listener;
 
 pub use captured_logs::CapturedLogs;
 pub use cluster::{AgentkHandle, Cluster, ClusterBuilder, KasHandle};
