@@ -53,8 +53,10 @@ impl Certificate {
 
     /// Writes `<name>.crt` and `<name>.key` into `dir`.
     pub fn write(&self, dir: &Path, name: &str) -> CertificateFiles {
-        let files =
-            CertificateFiles { certificate_file: dir.join(format!("{name}.crt")), key_file: dir.join(format!("{name}.key")) };
+        let files = CertificateFiles {
+            certificate_file: dir.join(format!("{name}.crt")),
+            key_file: dir.join(format!("{name}.key")),
+        };
         std::fs::write(&files.certificate_file, self.pem()).unwrap();
         std::fs::write(&files.key_file, self.key_pem()).unwrap();
         files
@@ -64,12 +66,13 @@ impl Certificate {
     pub fn acceptor(&self, alpn: &[&[u8]]) -> tokio_rustls::TlsAcceptor {
         let key = PrivatePkcs8KeyDer::from(self.key.serialize_der());
         // The provider explicitly: the process-wide default may be unset (or ambiguous).
-        let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_no_client_auth()
-            .with_single_cert(vec![CertificateDer::clone(self.cert.der())], key.into())
-            .unwrap();
+        let mut config =
+            rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_no_client_auth()
+                .with_single_cert(vec![CertificateDer::clone(self.cert.der())], key.into())
+                .unwrap();
         config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
         tokio_rustls::TlsAcceptor::from(Arc::new(config))
     }
@@ -98,7 +101,8 @@ impl TestCa {
         let key = KeyPair::generate().unwrap();
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+        params.key_usages =
+            vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
         let cert = params.self_signed(&key).unwrap();
         Self { cert, issuer: Issuer::new(params, key) }
     }

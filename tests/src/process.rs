@@ -19,28 +19,13 @@ pub const LOG_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a process gets to exit after SIGTERM.
 pub const EXIT_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// Environment variables kas and agentk read; removed from children so the caller's shell
-/// cannot change what a test runs.
-const PRODUCT_ENV: &[&str] = &[
-    "KAS_CONFIG",
-    "KAS_DEV_DIR",
-    "KAS_AGENT_ADDRESS",
-    "KAS_API_ADDRESS",
-    "KAS_INTERNAL_ADDRESS",
-    "KAS_REST_ADDRESS",
-    "KAS_OBSERVABILITY_ADDRESS",
-    "KAS_LOG",
-    "KAS_LOG_FORMAT",
-    "KAS_REDIS_URL",
-    "AGENTK_KAS_ADDRESS",
-    "AGENTK_TOKEN_FILE",
-    "AGENTK_CA_CERT_FILE",
-    "AGENTK_LOG",
-    "AGENTK_OBSERVABILITY_ADDRESS",
-    "KUBECONFIG",
-    "POD_NAME",
-    "POD_NAMESPACE",
-];
+/// Removes the environment variables kas and agentk read from a child's environment, so the
+/// caller's shell cannot change what a test runs.
+fn clear_product_environment(cmd: &mut Command) {
+    for var in kas::ENVIRONMENT_VARIABLES.iter().chain(agentk::ENVIRONMENT_VARIABLES) {
+        cmd.env_remove(var);
+    }
+}
 
 /// A workspace binary (`kas`, `agentk`) built next to the running test executable.
 ///
@@ -110,9 +95,7 @@ fn newest_file(root: &Path) -> Option<(PathBuf, std::time::SystemTime)> {
 /// A `Command` for a workspace binary with the product's environment variables cleared.
 pub fn command(name: &str) -> Command {
     let mut cmd = Command::new(workspace_binary(name));
-    for var in PRODUCT_ENV {
-        cmd.env_remove(var);
-    }
+    clear_product_environment(&mut cmd);
     cmd.kill_on_drop(true);
     cmd
 }
@@ -326,9 +309,7 @@ pub async fn start_kas_with_config_and_fd_limit(
     hard: u64,
 ) -> ConfiguredKas {
     let mut cmd = Command::new("sh");
-    for var in PRODUCT_ENV {
-        cmd.env_remove(var);
-    }
+    clear_product_environment(&mut cmd);
     cmd.arg("-c")
         .arg(format!("ulimit -Sn {soft} && ulimit -Hn {hard} && exec \"$0\" \"$@\""))
         .arg(workspace_binary("kas"));

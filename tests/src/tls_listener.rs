@@ -31,7 +31,8 @@ impl TlsListener {
         tokio::spawn(async move {
             while let Some(accepted) = stop.run_until_cancelled(tcp.accept()).await {
                 let Ok((stream, peer)) = accepted else { continue };
-                let (acceptor, tx, stop, failed) = (acceptor.clone(), tx.clone(), stop.clone(), on_handshake_failure.clone());
+                let (acceptor, tx, stop, failed) =
+                    (acceptor.clone(), tx.clone(), stop.clone(), on_handshake_failure.clone());
                 tokio::spawn(async move {
                     match stop.run_until_cancelled(acceptor.accept(stream)).await {
                         Some(Ok(tls)) => {

@@ -3,8 +3,8 @@
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use kas::modules::configuration::AgentConfigDocument;
-use kas_e2e::{Cluster, eventually};
 use kas_e2e::certificates::localhost_tls;
+use kas_e2e::{Cluster, eventually};
 use kas_proto::kas::kas_api_client::KasApiClient;
 use kas_proto::kas::{ConnectedAgentsByIdRequest, GetPodsRequest, KubernetesRequest};
 use kas_proto::kubernetes_api::{HttpFrame, HttpRequestHead, http_frame};
