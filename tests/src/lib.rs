@@ -10,6 +10,7 @@ pub mod fault_proxy;
 pub mod git_http;
 pub mod process;
 pub mod redis_server;
+pub mod registry_conformance;
 pub mod slow_client;
 pub mod tls_listener;
 
