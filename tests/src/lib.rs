@@ -77,3 +77,10 @@ pub fn authorized<T>(msg: T, token: &str) -> tonic::Request<T> {
     }
     r
 }
+
+/// One HTTP GET: (status code, body).
+pub async fn http_get(url: &str) -> (u16, String) {
+    let response = reqwest::get(url).await.unwrap_or_else(|e| panic!("GET {url}: {e}"));
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap_or_else(|e| panic!("body of GET {url}: {e}")))
+}

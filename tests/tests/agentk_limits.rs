@@ -251,20 +251,6 @@ async fn a_body_over_the_limit_is_413_and_no_byte_of_it_reaches_the_api_server()
     assert_eq!(bodies.last().unwrap().body, pod.as_bytes());
 }
 
-/// Opens a watch through KasApi and waits for its response head; it streams until dropped.
-async fn open_watch(c: &Cluster) -> tonic::Streaming<HttpFrame> {
-    let (tx, rx) = mpsc::channel(1);
-    let head =
-        HttpRequestHead { method: "GET".into(), path: "/api/v1/pods?watch=1".into(), headers: Default::default() };
-    tx.send(KubernetesRequest { agent_id: 1, connection_id: 0, frame: Some(HttpFrame::request_head(head)) })
-        .await
-        .unwrap();
-    drop(tx);
-    let mut frames = c.api(0).make_kubernetes_request(ReceiverStream::new(rx)).await.unwrap().into_inner();
-    assert!(frames.message().await.unwrap().is_some(), "response head");
-    frames
-}
-
 #[tokio::test]
 async fn idle_tunnels_shrink_back_to_the_target_after_a_burst() {
     let c = Cluster::builder()
@@ -280,7 +266,7 @@ async fn idle_tunnels_shrink_back_to_the_target_after_a_burst() {
     // A burst of 16 concurrent streams: the idle target follows it, 16 idle tunnels open.
     let mut watches = Vec::new();
     for _ in 0..16 {
-        watches.push(open_watch(&c).await);
+        watches.push(c.open_watch(1).await.1);
     }
     eventually!(a.status.pool.borrow().idle >= 16, "idle tunnels grew: {:?}", *a.status.pool.borrow());
     drop(watches);
