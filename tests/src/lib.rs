@@ -13,6 +13,7 @@ pub mod redis_server;
 pub mod registry_conformance;
 pub mod slow_client;
 pub mod tls_listener;
+pub mod unconnectable;
 
 pub use captured_logs::CapturedLogs;
 pub use cluster::{AgentkHandle, Cluster, ClusterBuilder, KasHandle};
@@ -22,6 +23,7 @@ pub use fault_proxy::{FaultProxy, ProxyTarget};
 pub use git_http::{GitHttpOptions, GitHttpServer, GitRepo};
 pub use process::{KasProcess, Process, workspace_binary};
 pub use redis_server::RedisServer;
+pub use unconnectable::Unconnectable;
 
 /// How long `eventually!` waits before failing a test.
 pub const EVENTUALLY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);

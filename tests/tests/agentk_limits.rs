@@ -8,10 +8,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use kas_e2e::{Cluster, eventually};
+use kas_e2e::{Cluster, Unconnectable, eventually};
 use kas_proto::kas::KubernetesRequest;
 use kas_proto::kubernetes_api::{HttpFrame, HttpRequestHead};
-use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -21,27 +21,6 @@ async fn silent_api_server() -> (TcpListener, String) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     (listener, url)
-}
-
-/// An "API server" whose accept queue is full: new connection attempts get no SYN-ACK (Linux
-/// drops the SYN), so connecting hangs. Returns the listener and the connections filling it.
-async fn unreachable_api_server() -> (TcpListener, Vec<TcpStream>, String) {
-    let socket = TcpSocket::new_v4().unwrap();
-    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
-    let listener = socket.listen(1).unwrap();
-    let addr = listener.local_addr().unwrap();
-    let mut filling = Vec::new();
-    // The queue holds backlog + 1 connections; the first connect that does not complete within
-    // a second shows it is full.
-    loop {
-        match tokio::time::timeout(Duration::from_secs(1), TcpStream::connect(addr)).await {
-            Ok(Ok(s)) => filling.push(s),
-            Ok(Err(e)) => panic!("connect: {e}"),
-            Err(_) => break,
-        }
-        assert!(filling.len() < 64, "the accept queue never filled");
-    }
-    (listener, filling, format!("http://{addr}"))
 }
 
 fn kube_config(url: &str) -> agentk::KubeSource {
@@ -101,7 +80,8 @@ async fn an_api_server_that_never_answers_costs_a_504_status_after_the_response_
 #[tokio::test]
 async fn an_api_server_that_never_accepts_costs_a_504_status_after_the_connect_timeout() {
     let c = Cluster::builder().start().await;
-    let (_server, _filling, url) = unreachable_api_server().await;
+    let unconnectable = Unconnectable::bind().await;
+    let url = format!("http://{}", unconnectable.address());
     let a = agentk_against(&c, &url, |config| config.kube_api_connect_timeout = Duration::from_millis(500)).await;
     proxied_get_is_a_504_timeout(&c, "connect").await;
     eventually!(a.status.pool.borrow().in_use == 0, "the tunnel is free again");

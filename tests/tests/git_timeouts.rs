@@ -8,8 +8,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use kas_e2e::cluster::set_configuration_repository;
-use kas_e2e::{Cluster, FaultProxy, GitHttpServer, GitRepo, eventually};
-use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use kas_e2e::{Cluster, FaultProxy, GitHttpServer, GitRepo, Unconnectable, eventually};
 use tonic::Code;
 
 const CONFIG: &str = ".gitlab/agents/agent-1/config.yaml";
@@ -28,27 +27,6 @@ async fn failing_presence(c: &Cluster) -> (tonic::Status, Duration) {
     (e, elapsed)
 }
 
-/// A listener whose accept queue is full: the kernel drops further SYNs, so a connect to it
-/// hangs (as to a host that is down or firewalled) rather than being refused. The returned
-/// listener is never accepted from; the streams hold its queue full.
-async fn unconnectable() -> (SocketAddr, TcpListener, Vec<TcpStream>) {
-    let socket = TcpSocket::new_v4().unwrap();
-    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
-    let address = socket.local_addr().unwrap();
-    let listener = socket.listen(0).unwrap();
-    let mut held = Vec::new();
-    loop {
-        match tokio::time::timeout(Duration::from_millis(500), TcpStream::connect(address)).await {
-            Ok(Ok(s)) => held.push(s),
-            Ok(Err(e)) => panic!("connect: {e}"),
-            // This one hangs: the queue is full.
-            Err(_) => break,
-        }
-        assert!(held.len() < 16, "the accept queue never filled");
-    }
-    (address, listener, held)
-}
-
 /// The presence stream fails UNAVAILABLE, naming the repository, the cause and the setting with
 /// its value, after the 1 s timeout and well before BOUND.
 async fn failed_by_timeout(c: &Cluster, url: &str, cause: &str, setting: &str) {
@@ -63,8 +41,8 @@ async fn failed_by_timeout(c: &Cluster, url: &str, cause: &str, setting: &str) {
 
 #[tokio::test]
 async fn a_git_server_that_never_accepts_fails_the_poll_after_connect_timeout() {
-    let (address, _listener, _held) = unconnectable().await;
-    let url = format!("http://{address}/group/agents.git");
+    let unconnectable = Unconnectable::bind().await;
+    let url = format!("http://{}/group/agents.git", unconnectable.address());
     let shown = url.clone();
     let c = Cluster::builder()
         .configure(move |config, _| {
