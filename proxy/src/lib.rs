@@ -24,8 +24,8 @@ pub const COMMIT: &str = match option_env!("KAS_COMMIT") {
     None => "unknown",
 };
 
-/// The environment variables the `kas` binary reads: each flag's (checked against the flag
-/// definitions by a unit test in main.rs), then the ones read by libraries (anyhow prints a
+/// The environment variables the `kas` binary reads: each flag's (checked against `kas --help`
+/// by kas-e2e's `process` tests), then the ones read by libraries (anyhow prints a
 /// backtrace with an error when these are set). Tests clear them from the processes they start,
 /// so the caller's shell cannot change what runs.
 pub const ENVIRONMENT_VARIABLES: &[&str] = &[

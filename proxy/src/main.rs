@@ -220,21 +220,3 @@ fn add_agent(
     }
     Ok(())
 }
-
-#[cfg(test)]
-mod tests {
-    use std::collections::BTreeSet;
-
-    use clap::CommandFactory;
-
-    /// `kas::ENVIRONMENT_VARIABLES` is every flag's variable plus those libraries read: a flag
-    /// given a variable (or losing one) without the list changing fails here.
-    #[test]
-    fn environment_variables_are_the_flags_and_the_libraries_ones() {
-        let flags = super::Cli::command();
-        let mut expected: BTreeSet<&str> =
-            flags.get_arguments().filter_map(|a| a.get_env()).filter_map(|v| v.to_str()).collect();
-        expected.extend(["RUST_BACKTRACE", "RUST_LIB_BACKTRACE"]);
-        assert_eq!(kas::ENVIRONMENT_VARIABLES.iter().copied().collect::<BTreeSet<_>>(), expected);
-    }
-}

@@ -378,3 +378,30 @@ pub async fn mint_jwt_with_cli(secret_file: &Path, extra: &[&str]) -> String {
     assert_eq!(token.split('.').count(), 3, "not a JWT: {token:?}");
     token
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    /// Each binary's list is every variable its `--help` names plus those its libraries read:
+    /// a flag given a variable (or losing one) without the list changing fails here.
+    #[tokio::test]
+    async fn the_environment_lists_are_the_variables_of_the_flags_and_libraries() {
+        let kubernetes_service = ["KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"];
+        let cases = [
+            ("kas", kas::ENVIRONMENT_VARIABLES, &[][..]),
+            ("agentk", agentk::ENVIRONMENT_VARIABLES, &kubernetes_service[..]),
+        ];
+        for (name, list, libraries) in cases {
+            let out = super::command(name).arg("--help").output().await.unwrap();
+            assert!(out.status.success(), "{name} --help: {}", String::from_utf8_lossy(&out.stderr));
+            let help = String::from_utf8_lossy(&out.stdout);
+            // clap prints `[env: NAME=]` after the help of a flag read from the environment.
+            let mut expected: BTreeSet<&str> =
+                help.split("[env: ").skip(1).filter_map(|s| s.split('=').next()).collect();
+            expected.extend(["RUST_BACKTRACE", "RUST_LIB_BACKTRACE"]);
+            expected.extend(libraries);
+            assert_eq!(list.iter().copied().collect::<BTreeSet<_>>(), expected, "{name}:\n{help}");
+        }
+    }
+}
