@@ -1,52 +1,43 @@
-//! Compiles the .proto files with the vendored protoc, so the build needs nothing installed.
+//! Compiles every `.proto` under `proto/` with the vendored protoc, so the build needs nothing
+//! installed and a new package needs no change here.
 //!
-//! Packages are compiled in passes, each into its own directory, so a package refers to the
-//! packages of earlier passes by crate path (`extern_path`) instead of relative `super::` paths
-//! that would not match this crate's module layout.
+//! All files go through one protoc run; tonic's include file nests the generated packages as
+//! modules by package name (`kas.tunnel.v1` -> `pb::kas::tunnel::v1`), so the relative paths
+//! prost generates between packages (`super::tunnel::v1::Header` from `kas.v1`) resolve as they
+//! are. `src/lib.rs` includes that one file.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-/// One compile pass: package files, out subdirectory, proto package -> Rust path of earlier passes.
-type Pass = (&'static [&'static str], &'static str, &'static [(&'static str, &'static str)]);
-
-const PASSES: &[Pass] = &[
-    (
-        &["kas/tunnel/v1/tunnel.proto", "kas/registry/v1/registry.proto", "kas/kubernetes_api/v1/kubernetes_api.proto"],
-        "base",
-        &[],
-    ),
-    (
-        &["kas/v1/kas.proto"],
-        "api",
-        &[(".kas.tunnel.v1", "crate::tunnel::pb"), (".kas.kubernetes_api.v1", "crate::kubernetes_api")],
-    ),
-    (
-        &["kas/get_pods/v1/get_pods.proto"],
-        "features",
-        &[(".kas.tunnel.v1", "crate::tunnel::pb"), (".kas.v1", "crate::kas")],
-    ),
-];
+/// The `.proto` files under `dir`, sorted (a stable order keeps the generated code stable).
+fn proto_files(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            proto_files(&path, out)?;
+        } else if path.extension().is_some_and(|e| e == "proto") {
+            out.push(path);
+        }
+    }
+    out.sort();
+    Ok(())
+}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
     let include = protoc_bin_vendored::include_path()?;
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
-    let includes = [PathBuf::from("proto"), include];
     println!("cargo:rerun-if-changed=proto");
-    for (files, subdir, externs) in PASSES {
-        let out = out_dir.join(subdir);
-        std::fs::create_dir_all(&out)?;
-        let mut config = tonic_prost_build::Config::new();
-        config.protoc_executable(&protoc);
-        config.bytes(["."]);
-        // `AgentTunnel.Connect` would clash with the generated `Client::connect(dst)`; clients
-        // are built with `::new(channel)` instead, so transport constructors are not generated.
-        let mut builder = tonic_prost_build::configure().build_transport(false).out_dir(&out);
-        for (package, path) in *externs {
-            builder = builder.extern_path(*package, *path);
-        }
-        let files: Vec<PathBuf> = files.iter().map(|f| PathBuf::from("proto").join(f)).collect();
-        builder.compile_with_config(config, &files, &includes)?;
-    }
+    let mut files = Vec::new();
+    proto_files(Path::new("proto"), &mut files)?;
+    let mut config = tonic_prost_build::Config::new();
+    config.protoc_executable(&protoc);
+    config.bytes(["."]);
+    // `AgentTunnel.Connect` would clash with the generated `Client::connect(dst)`; clients are
+    // built with `::new(channel)` instead, so transport constructors are not generated.
+    tonic_prost_build::configure()
+        .build_transport(false)
+        .out_dir(&out_dir)
+        .include_file("packages.rs")
+        .compile_with_config(config, &files, &[PathBuf::from("proto"), include])?;
     Ok(())
 }

@@ -3,29 +3,35 @@
 //! - [`kas`]: the public API of the routing specification (`KasApi`, `KasInternal`, ...).
 //! - [`tunnel`]: the agent-facing service (`AgentTunnel`) and the frame-order state machine.
 //! - [`get_pods`]: the agentk half of GetPods, served through a tunnel.
-//! - [`ids`]: newtypes for the ids that travel everywhere.
+//! - [`ids`]: newtypes for the ids that travel everywhere, validated in one place.
+//! - [`pb`]: the generated code of every package, nested by package name
+//!   (`kas.get_pods.v1` is `pb::kas::get_pods::v1`); the modules above name the ones kas and
+//!   agentk use most.
 
 pub mod flow;
 pub mod ids;
 pub mod metadata;
 pub mod tunnel;
 
-/// Generated code for `kas.v1`.
+/// Generated code of every package under `proto/` (see `build.rs`).
+pub mod pb {
+    #![allow(missing_docs, clippy::all, clippy::pedantic)]
+    include!(concat!(env!("OUT_DIR"), "/packages.rs"));
+}
+
+/// `kas.v1`: the routing specification's API.
 pub mod kas {
-    #![allow(missing_docs, clippy::all, clippy::pedantic)]
-    include!(concat!(env!("OUT_DIR"), "/api/kas.v1.rs"));
+    pub use crate::pb::kas::v1::*;
 }
 
-/// Generated code for `kas.registry.v1` (what kas stores in Redis and publishes).
+/// `kas.registry.v1`: what kas stores in Redis and publishes.
 pub mod registry {
-    #![allow(missing_docs, clippy::all, clippy::pedantic)]
-    include!(concat!(env!("OUT_DIR"), "/base/kas.registry.v1.rs"));
+    pub use crate::pb::kas::registry::v1::*;
 }
 
-/// Generated code for `kas.kubernetes_api.v1`, and the HTTP <-> frame adapters.
+/// `kas.kubernetes_api.v1`, and the HTTP <-> frame adapters.
 pub mod kubernetes_api {
-    #![allow(missing_docs, clippy::all, clippy::pedantic)]
-    include!(concat!(env!("OUT_DIR"), "/base/kas.kubernetes_api.v1.rs"));
+    pub use crate::pb::kas::kubernetes_api::v1::*;
 
     /// Tunnel method name of the agentk half of the Kubernetes API proxy.
     pub const METHOD: &str = "/kas.kubernetes_api.v1.KubernetesApi/MakeRequest";
@@ -35,13 +41,12 @@ pub mod kubernetes_api {
 
 pub mod http;
 
-/// Generated code for `kas.get_pods.v1`.
+/// `kas.get_pods.v1`: the agentk half of GetPods.
 pub mod get_pods {
-    #![allow(missing_docs, clippy::all, clippy::pedantic)]
-    include!(concat!(env!("OUT_DIR"), "/features/kas.get_pods.v1.rs"));
+    pub use crate::pb::kas::get_pods::v1::*;
 
     /// Tunnel method name of the agentk half of GetPods.
     pub const METHOD: &str = "/kas.get_pods.v1.GetPodsAgent/GetPods";
 }
 
-pub use ids::{AgentId, ConnectionId, ProjectId};
+pub use ids::{AgentId, ConnectionId, InvalidId, ProjectId};

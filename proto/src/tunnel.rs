@@ -15,10 +15,7 @@
 use std::fmt;
 
 /// Generated code for `kas.tunnel.v1`.
-pub mod pb {
-    #![allow(missing_docs, clippy::all, clippy::pedantic)]
-    include!(concat!(env!("OUT_DIR"), "/base/kas.tunnel.v1.rs"));
-}
+pub use crate::pb::kas::tunnel::v1 as pb;
 
 use pb::{connect_request, connect_response};
 

@@ -12,12 +12,13 @@ use kas_proto::tunnel::pb::agent_tunnel_server::AgentTunnelServer;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tonic::service::interceptor::InterceptedService;
+use tonic::service::interceptor::InterceptorLayer;
 use tonic::transport::{Identity, Server};
 
 use crate::auth::{JwtVerifier, Secret, StaticAgents, TokenVerifier};
 use crate::config::{Config, ConfigError, ListenerConfig};
 use crate::modules::configuration::{AgentConfigurations, ConfigurationSource};
+use crate::modules::{GrpcServices, ModuleContext};
 use crate::registry::{AgentRegistry, MemoryRegistry, MemoryStore, RedisRegistry, new_instance_id};
 use crate::router::Router;
 use crate::router::peers::Peers;
@@ -25,8 +26,8 @@ use crate::server::agent::AgentService;
 use crate::server::api::{ApiService, jwt_interceptor};
 use crate::server::internal::InternalService;
 use crate::server::listen::{self, Acceptor, ConnectionLimits};
+use crate::server::rest::serve::HttpSettings;
 use crate::server::rest::{self, RestState};
-use crate::server::rest_serve::HttpSettings;
 use crate::tunnel::{TunnelRegistry, TunnelStats};
 
 /// agentk pings are answered by the transport; kas pings too so a dead agent is noticed in
@@ -123,7 +124,7 @@ const GRPC_ALPN: &[&[u8]] = &[b"h2"];
 /// connections.handshake_timeout.
 fn load_tls(listener: &'static str, config: &ListenerConfig) -> Result<Option<tokio_rustls::TlsAcceptor>, AppError> {
     let Some(tls) = &config.tls else { return Ok(None) };
-    crate::server::rest_serve::server_tls(&tls.certificate_file, &tls.key_file, None, GRPC_ALPN)
+    crate::tools::tls::server_tls(&tls.certificate_file, &tls.key_file, None, GRPC_ALPN)
         .map(Some)
         .map_err(|message| AppError::HttpTls { listener, message })
 }
@@ -139,7 +140,7 @@ fn read_pem(path: &std::path::Path) -> Result<Vec<u8>, AppError> {
 /// The internal listener's TLS from `kas_internal.tls`; mutual when client certificates are required.
 fn internal_server_tls(t: &crate::config::InternalTlsConfig) -> Result<tokio_rustls::TlsAcceptor, AppError> {
     let client_ca = t.require_client_certificates.then_some(t.ca_file.as_path());
-    crate::server::rest_serve::server_tls(&t.certificate_file, &t.key_file, client_ca, GRPC_ALPN)
+    crate::tools::tls::server_tls(&t.certificate_file, &t.key_file, client_ca, GRPC_ALPN)
         .map_err(|message| AppError::HttpTls { listener: "internal", message })
 }
 
@@ -147,7 +148,10 @@ fn internal_server_tls(t: &crate::config::InternalTlsConfig) -> Result<tokio_rus
 /// this kas's certificate presented (for mutual TLS).
 fn internal_client_tls(t: &crate::config::InternalTlsConfig) -> Result<tonic::transport::ClientTlsConfig, AppError> {
     Ok(tonic::transport::ClientTlsConfig::new()
-        .ca_certificate(tonic::transport::Certificate::from_pem(read_pem(&t.ca_file)?))
+        .ca_certificate(tonic::transport::Certificate::from_pem(
+            crate::tools::tls::read_ca_bundle(&t.ca_file)
+                .map_err(|message| AppError::HttpTls { listener: "internal", message })?,
+        ))
         .domain_name(t.server_name.clone())
         .identity(Identity::from_pem(read_pem(&t.certificate_file)?, read_pem(&t.key_file)?)))
 }
@@ -238,14 +242,14 @@ impl App {
             },
             rest: match &config.listeners.rest.tls {
                 Some(tls) => Some(
-                    crate::server::rest_serve::tls_acceptor(tls)
+                    crate::tools::tls::tls_acceptor(tls)
                         .map_err(|message| AppError::HttpTls { listener: "rest", message })?,
                 ),
                 None => None,
             },
             observability: match &config.listeners.observability.tls {
                 Some(tls) => Some(
-                    crate::server::rest_serve::tls_acceptor(tls)
+                    crate::tools::tls::tls_acceptor(tls)
                         .map_err(|message| AppError::HttpTls { listener: "observability", message })?,
                 ),
                 None => None,
@@ -360,6 +364,11 @@ impl Bound {
         let _ = tunnels_handle.set(tunnels.clone());
         // Installed before anything is recorded (metrics recorded without a recorder are lost).
         crate::metrics::handle();
+        // The features, in one list (modules::all): their metrics, services and routes.
+        let modules = crate::modules::all();
+        for module in &modules {
+            module.describe_metrics();
+        }
         let peers = match &config.kas_internal.tls {
             Some(t) => Peers::new(internal_secret.clone()).with_tls(internal_client_tls(t)?),
             None => Peers::new(internal_secret.clone()),
@@ -373,6 +382,14 @@ impl Bound {
             tracing::warn!(error = %e, "first registry heartbeat failed; retrying periodically");
         }
         let configurations: Arc<dyn ConfigurationSource> = configurations;
+        let mut services = GrpcServices::default();
+        let context = ModuleContext { router: router.clone(), agent_tokens: verifier.clone() };
+        for module in &modules {
+            module.grpc_services(&context, &mut services);
+        }
+        // The specification's services first; each feature's own follow.
+        let GrpcServices { agent: mut agent_services, api: mut api_services, internal: mut internal_services } =
+            services;
 
         let agent_service = AgentService {
             verifier,
@@ -397,12 +414,19 @@ impl Bound {
         // A peer kas may forward up to its routing.max_concurrent_requests on one connection.
         let internal_streams = streams.max(u32::try_from(config.routing.max_concurrent_requests).unwrap_or(u32::MAX));
         let max_message = config.limits.max_grpc_message_bytes;
+        agent_services.add_service(AgentTunnelServer::new(agent_service).max_decoding_message_size(max_message));
+        api_services.add_service(
+            KasApiServer::new(ApiService { router: router.clone() }).max_decoding_message_size(max_message),
+        );
+        internal_services.add_service(
+            KasInternalServer::new(InternalService { router: router.clone() }).max_decoding_message_size(max_message),
+        );
         let mut agent_task = spawn_server(
             "agent",
             flow_control(builder(streams), streams)
                 .http2_keepalive_interval(Some(AGENT_KEEPALIVE_INTERVAL))
                 .http2_keepalive_timeout(Some(AGENT_KEEPALIVE_TIMEOUT))
-                .add_service(AgentTunnelServer::new(agent_service).max_decoding_message_size(max_message))
+                .add_routes(agent_services.routes())
                 .serve_with_incoming_shutdown(incoming("agent", agent, tls.agent), shutdown.clone().cancelled_owned()),
         );
         let mut api_task = spawn_server(
@@ -410,14 +434,12 @@ impl Bound {
             flow_control(builder(streams), streams)
                 .http2_keepalive_interval(Some(GRPC_KEEPALIVE_INTERVAL))
                 .http2_keepalive_timeout(Some(GRPC_KEEPALIVE_TIMEOUT))
-                .add_service(InterceptedService::new(
-                    KasApiServer::new(ApiService { router: router.clone() }).max_decoding_message_size(max_message),
-                    jwt_interceptor(
-                        JwtVerifier::gitlab(&gitlab_secret)
-                            .with_max_lifetime(config.auth.jwt_max_lifetime)
-                            .for_listener("api"),
-                    ),
-                ))
+                .layer(InterceptorLayer::new(jwt_interceptor(
+                    JwtVerifier::gitlab(&gitlab_secret)
+                        .with_max_lifetime(config.auth.jwt_max_lifetime)
+                        .for_listener("api"),
+                )))
+                .add_routes(api_services.routes())
                 .serve_with_incoming_shutdown(incoming("api", api, tls.api), shutdown.clone().cancelled_owned()),
         );
         let rest_state = RestState {
@@ -441,7 +463,7 @@ impl Bound {
         let stop_observability = CancellationToken::new();
         let observability_limits =
             ConnectionLimits { max_connections: listen::OBSERVABILITY_MAX_CONNECTIONS, ..limits };
-        let observability_task = tokio::spawn(crate::server::rest_serve::serve(
+        let observability_task = tokio::spawn(crate::server::rest::serve::serve(
             Acceptor::new("observability", observability, observability_limits),
             tls.observability,
             crate::server::observability::router(crate::server::observability::ObservabilityState {
@@ -454,10 +476,10 @@ impl Bound {
             stop_observability.clone(),
         ));
         let mut rest_task = tokio::spawn(async move {
-            crate::server::rest_serve::serve(
+            crate::server::rest::serve::serve(
                 Acceptor::new("rest", rest, limits),
                 rest_tls,
-                rest::router(rest_state),
+                rest::router(rest_state, &modules),
                 http,
                 rest_shutdown,
             )
@@ -469,14 +491,12 @@ impl Bound {
             flow_control(builder(internal_streams), internal_streams)
                 .http2_keepalive_interval(Some(GRPC_KEEPALIVE_INTERVAL))
                 .http2_keepalive_timeout(Some(GRPC_KEEPALIVE_TIMEOUT))
-                .add_service(InterceptedService::new(
-                    KasInternalServer::new(InternalService { router }).max_decoding_message_size(max_message),
-                    jwt_interceptor(
-                        JwtVerifier::internal(&internal_secret)
-                            .with_max_lifetime(config.auth.jwt_max_lifetime)
-                            .for_listener("internal"),
-                    ),
-                ))
+                .layer(InterceptorLayer::new(jwt_interceptor(
+                    JwtVerifier::internal(&internal_secret)
+                        .with_max_lifetime(config.auth.jwt_max_lifetime)
+                        .for_listener("internal"),
+                )))
+                .add_routes(internal_services.routes())
                 .serve_with_incoming_shutdown(
                     incoming("internal", internal, tls.internal),
                     shutdown.clone().cancelled_owned(),

@@ -16,11 +16,6 @@ pub const DEFAULT_INTERNAL_ADDRESS: &str = "127.0.0.1:8155";
 pub const DEFAULT_REST_ADDRESS: &str = "127.0.0.1:8154";
 /// Metrics and health: loopback by default, since it has no authentication.
 pub const DEFAULT_OBSERVABILITY_ADDRESS: &str = "127.0.0.1:8151";
-/// JSON routes of the rest listener answer 504 after this long (longer than routing.max_wait, so
-/// a request for an agent that is not connected gets the router's explanation first).
-pub const DEFAULT_REST_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-/// Request bodies above this size are refused (413): the Kubernetes API server's own limit.
-pub const DEFAULT_REST_MAX_REQUEST_BODY_BYTES: usize = 3 * 1024 * 1024;
 /// Records live this long without a refresh: long enough to survive a few missed refreshes.
 pub const DEFAULT_REGISTRY_TTL: Duration = Duration::from_secs(300);
 /// Refresh well inside the TTL.
@@ -55,29 +50,12 @@ pub struct Config {
     pub connections: ConnectionsConfig,
 }
 
-/// Agent configurations (Git) are re-read this often per open presence stream.
-pub const DEFAULT_CONFIGURATION_POLL_PERIOD: Duration = Duration::from_secs(20);
-/// Largest agent configuration file (as GitLab's kas).
-pub const DEFAULT_MAX_CONFIG_BYTES: u64 = 128 * 1024;
-pub const DEFAULT_GIT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-pub const DEFAULT_GIT_FETCH_TIMEOUT: Duration = Duration::from_secs(30);
-/// Repository polls per second and burst (GitLab's kas limits Gitaly calls to 30/s, burst 70).
-pub const DEFAULT_GIT_POLL_RATE: u32 = 30;
-pub const DEFAULT_GIT_POLL_BURST: u32 = 70;
-/// The agent's configuration project over HTTP(S) from GitLab itself.
-pub const DEFAULT_GITLAB_REPOSITORY_URL: &str = "{gitlab}/{project_path}.git";
-/// GitLab mode: kas -> GitLab request timeouts.
-pub const DEFAULT_GITLAB_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-pub const DEFAULT_GITLAB_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-/// A verified agent token is re-checked with GitLab this often (revocation takes this long).
-pub const DEFAULT_AGENT_INFO_TTL: Duration = Duration::from_secs(300);
-/// Failed verifications are remembered briefly, so a broken agent cannot hammer GitLab.
-pub const DEFAULT_AGENT_INFO_ERROR_TTL: Duration = Duration::from_secs(10);
-pub const DEFAULT_AGENT_INFO_MAX_ENTRIES: usize = 10_000;
-/// kas -> GitLab requests: 10 per second sustained, bursts of 50, callers wait up to 5 s.
-pub const DEFAULT_GITLAB_RATE: u32 = 10;
-pub const DEFAULT_GITLAB_BURST: u32 = 50;
-pub const DEFAULT_GITLAB_RATE_MAX_WAIT: Duration = Duration::from_secs(5);
+// Sections owned by the components they configure (their defaults live there too).
+pub use crate::auth::gitlab::config::*;
+pub use crate::modules::configuration::config::*;
+pub use crate::server::rest::config::*;
+pub use crate::tools::tls::TlsConfig;
+pub use crate::tools::token_bucket::RateLimitConfig;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -131,158 +109,9 @@ pub struct ListenerConfig {
     pub tls: Option<TlsConfig>,
 }
 
-/// PEM files of a listener's certificate chain and private key.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TlsConfig {
-    pub certificate_file: PathBuf,
-    pub key_file: PathBuf,
-}
-
 impl ListenerConfig {
     pub fn new(address: &str) -> Self {
         Self { address: address.to_owned(), tls: None }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct GitlabConfig {
-    /// File with the base64 secret shared with GitLab (verifies api listener JWTs, signs kas's
-    /// requests to GitLab). Required.
-    pub authentication_secret_file: Option<PathBuf>,
-    /// GitLab's URL (`https://gitlab.example.com`). When set, agent tokens are verified by
-    /// GitLab's internal API instead of the static agents file ("GitLab mode").
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub address: Option<String>,
-    /// PEM CA certificates trusted for `address` (in addition to the public roots).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ca_cert_file: Option<PathBuf>,
-    /// Connecting to GitLab fails after this long.
-    #[serde(with = "humantime_serde")]
-    pub connect_timeout: Duration,
-    /// A whole request to GitLab fails after this long.
-    #[serde(with = "humantime_serde")]
-    pub request_timeout: Duration,
-    pub agent_info_cache: AgentInfoCacheConfig,
-    pub rate_limit: RateLimitConfig,
-    /// Where kas fetches an agent's configuration project from (GitLab's own kas uses Gitaly;
-    /// this kas speaks Git's HTTP protocol, or reads a local path). Placeholders, from GitLab's
-    /// agent_info: `{gitlab}` (gitlab.address), `{project_path}` (`group/project`),
-    /// `{relative_path}` and `{storage_name}` (Gitaly's storage location), `{gl_repository}`.
-    /// A value that is not an http(s) URL is a local path (e.g. Gitaly's storage directory).
-    pub repository_url: String,
-}
-
-impl Default for GitlabConfig {
-    fn default() -> Self {
-        Self {
-            authentication_secret_file: None,
-            address: None,
-            ca_cert_file: None,
-            connect_timeout: DEFAULT_GITLAB_CONNECT_TIMEOUT,
-            request_timeout: DEFAULT_GITLAB_REQUEST_TIMEOUT,
-            agent_info_cache: AgentInfoCacheConfig::default(),
-            rate_limit: RateLimitConfig::default(),
-            repository_url: DEFAULT_GITLAB_REPOSITORY_URL.to_owned(),
-        }
-    }
-}
-
-/// Agent token -> agent info answers from GitLab, cached per token (keyed by its SHA-256).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct AgentInfoCacheConfig {
-    /// How long a successful answer is reused (a revoked token keeps working this long).
-    #[serde(with = "humantime_serde")]
-    pub ttl: Duration,
-    /// How long a failed answer (401, 403, GitLab unavailable) is reused.
-    #[serde(with = "humantime_serde")]
-    pub error_ttl: Duration,
-    /// Most tokens kept; expired entries go first, then the ones expiring soonest.
-    pub max_entries: usize,
-}
-
-impl Default for AgentInfoCacheConfig {
-    fn default() -> Self {
-        Self {
-            ttl: DEFAULT_AGENT_INFO_TTL,
-            error_ttl: DEFAULT_AGENT_INFO_ERROR_TTL,
-            max_entries: DEFAULT_AGENT_INFO_MAX_ENTRIES,
-        }
-    }
-}
-
-/// A token bucket (kas -> GitLab requests; Git repository polls).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RateLimitConfig {
-    /// Sustained requests per second.
-    pub requests_per_second: u32,
-    /// Requests allowed at once after a quiet period (the bucket size).
-    pub burst: u32,
-    /// A request waits at most this long for the bucket; longer waits fail at once with
-    /// UNAVAILABLE "rate limited".
-    #[serde(with = "humantime_serde")]
-    pub max_wait: Duration,
-}
-
-impl Default for RateLimitConfig {
-    fn default() -> Self {
-        Self {
-            requests_per_second: DEFAULT_GITLAB_RATE,
-            burst: DEFAULT_GITLAB_BURST,
-            max_wait: DEFAULT_GITLAB_RATE_MAX_WAIT,
-        }
-    }
-}
-
-/// Agent configurations from Git repositories (local paths, or remote over HTTP(S)).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct AgentGitConfig {
-    /// Largest `config.yaml` accepted; a larger one is FAILED_PRECONDITION.
-    pub max_config_bytes: u64,
-    /// Where kas keeps its copies (bare mirrors, one branch each) of remote repositories; one
-    /// directory per kas process. Default: a temporary directory, removed when kas stops.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub mirror_dir: Option<PathBuf>,
-    /// HTTP basic credentials for remote repositories (for GitLab: any user name and a token
-    /// with `read_repository`). The password is read from a file and never logged.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub username: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub password_file: Option<PathBuf>,
-    /// PEM CA certificates trusted for https repositories (in addition to the system's).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ca_cert_file: Option<PathBuf>,
-    /// Connecting to a remote repository fails after this long.
-    #[serde(with = "humantime_serde")]
-    pub connect_timeout: Duration,
-    /// Each HTTP request of a fetch fails after this long.
-    #[serde(with = "humantime_serde")]
-    pub fetch_timeout: Duration,
-    /// All repository polls of this kas (local reads and remote fetches) share this bucket; a
-    /// poll that would wait longer than `max_wait` is skipped until the next period.
-    pub rate_limit: RateLimitConfig,
-}
-
-impl Default for AgentGitConfig {
-    fn default() -> Self {
-        Self {
-            max_config_bytes: DEFAULT_MAX_CONFIG_BYTES,
-            mirror_dir: None,
-            username: None,
-            password_file: None,
-            ca_cert_file: None,
-            connect_timeout: DEFAULT_GIT_CONNECT_TIMEOUT,
-            fetch_timeout: DEFAULT_GIT_FETCH_TIMEOUT,
-            rate_limit: RateLimitConfig {
-                requests_per_second: DEFAULT_GIT_POLL_RATE,
-                burst: DEFAULT_GIT_POLL_BURST,
-                max_wait: DEFAULT_GITLAB_RATE_MAX_WAIT,
-            },
-        }
     }
 }
 
@@ -548,38 +377,6 @@ impl Default for ShutdownConfig {
     }
 }
 
-/// The REST gateway (`listeners.rest`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RestConfig {
-    /// Longest time a JSON route may take (504 after it). Not applied to the Kubernetes API
-    /// proxy path, which streams (watches, logs, exec).
-    #[serde(with = "humantime_serde")]
-    pub request_timeout: Duration,
-    /// Largest request body accepted, in bytes (413 above it).
-    pub max_request_body_bytes: usize,
-    pub cors: CorsConfig,
-}
-
-impl Default for RestConfig {
-    fn default() -> Self {
-        Self {
-            request_timeout: DEFAULT_REST_REQUEST_TIMEOUT,
-            max_request_body_bytes: DEFAULT_REST_MAX_REQUEST_BODY_BYTES,
-            cors: CorsConfig::default(),
-        }
-    }
-}
-
-/// Cross-origin requests (browsers): off unless origins are listed.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct CorsConfig {
-    /// Origins allowed to call the REST gateway from a browser, e.g. `https://gitlab.example.com`;
-    /// `*` allows any origin. Empty: no CORS headers are sent (same-origin only).
-    pub allowed_origins: Vec<String>,
-}
-
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
@@ -699,7 +496,7 @@ impl Config {
                 message: "agents.git.username and agents.git.password_file go together".into(),
             });
         }
-        if let Err(message) = crate::modules::configuration::RepositoryUrlTemplate::parse(&self.gitlab.repository_url) {
+        if let Err(message) = crate::auth::gitlab::RepositoryUrlTemplate::parse(&self.gitlab.repository_url) {
             return Err(ConfigError::Invalid { key: "gitlab.repository_url", message });
         }
         if self.gitlab.agent_info_cache.max_entries == 0 {

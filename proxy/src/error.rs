@@ -114,6 +114,12 @@ impl KasError {
     }
 }
 
+impl From<kas_proto::InvalidId> for KasError {
+    fn from(e: kas_proto::InvalidId) -> Self {
+        KasError::InvalidArgument(e.to_string())
+    }
+}
+
 impl From<crate::registry::RegistryError> for KasError {
     fn from(e: crate::registry::RegistryError) -> Self {
         Self::Registry(e.0)

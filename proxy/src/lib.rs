@@ -1,5 +1,6 @@
 //! kas: the Kubernetes agent server. See ARCHITECTURE.md for the map of this crate.
 
+pub mod agent;
 pub mod app;
 pub mod auth;
 pub mod config;
@@ -10,6 +11,7 @@ pub mod registry;
 pub mod router;
 pub mod server;
 pub mod standalone;
+pub mod tools;
 pub mod tunnel;
 
 pub use app::{Addresses, App, AppError, Bound, Handle};

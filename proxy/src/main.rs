@@ -200,18 +200,8 @@ fn add_agent(
     // agent: an agent registered without a saved token would be unusable.
     let updated = StaticAgentsFile::with_added(&agents_file, agent)?;
     if let Some(path) = &token_file {
-        use std::io::Write;
-        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(path)
+        kas::tools::private_file::write(path, format!("{token}\n").as_bytes())
             .with_context(|| format!("writing {}", path.display()))?;
-        // An existing file keeps its mode on open; the token must not be readable by others.
-        f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
-        writeln!(f, "{token}")?;
     }
     updated.save(&agents_file)?;
     match token_file {

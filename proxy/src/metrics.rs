@@ -1,5 +1,7 @@
-//! Prometheus metrics of kas. Names are stable and label sets bounded: no agent or connection ids
-//! as labels (they are unbounded); methods are the few tunnel method names.
+//! Prometheus metrics of kas's core (routing, registry, tunnels, authentication); each feature
+//! owns its own (`modules::<feature>::metrics`). Names are stable and label sets bounded: no
+//! agent or connection ids as labels (they are unbounded); methods are the few tunnel method
+//! names.
 //!
 //! The recorder is process-wide (one kas per process in production; in-process tests that run
 //! several kas see their sum).
@@ -23,9 +25,6 @@ pub const IDLE_TUNNELS: &str = "kas_idle_tunnels";
 pub const WAITING_REQUESTS: &str = "kas_waiting_requests";
 pub const BUILD_INFO: &str = "kas_build_info";
 pub const GITLAB_REQUESTS: &str = "kas_gitlab_requests_total";
-pub const GIT_POLLS: &str = "kas_git_polls_total";
-pub const GIT_POLL_DURATION: &str = "kas_git_poll_duration_seconds";
-pub const PROXIED_BYTES: &str = "kas_proxied_bytes_total";
 pub const AUTH_FAILURES: &str = "kas_auth_failures_total";
 
 /// How a routed request ended (the `outcome` label).
@@ -100,13 +99,6 @@ fn describe() {
     metrics::describe_gauge!(WAITING_REQUESTS, "Requests waiting for a tunnel on this kas");
     metrics::describe_gauge!(BUILD_INFO, "Always 1; labels carry the version and commit");
     metrics::describe_counter!(GITLAB_REQUESTS, "GitLab agent_info requests (token verification), by outcome");
-    metrics::describe_counter!(GIT_POLLS, "Agent configuration reads from Git, by outcome (ok, error)");
-    metrics::describe_histogram!(
-        GIT_POLL_DURATION,
-        metrics::Unit::Seconds,
-        "Duration of a configuration repository poll (local read or remote fetch), by repository kind"
-    );
-    metrics::describe_counter!(PROXIED_BYTES, "Kubernetes API proxy body bytes, by direction (request, response)");
     metrics::describe_counter!(
         AUTH_FAILURES,
         "Refused authentications, by listener (agent, api, rest, internal) and reason (e.g. invalid_token, \
@@ -153,17 +145,6 @@ pub fn set_tunnel_gauges(stats: &TunnelStats) {
 
 pub fn gitlab_request(outcome: &'static str) {
     metrics::counter!(GITLAB_REQUESTS, "outcome" => outcome).increment(1);
-}
-
-/// One repository poll: `remote` fetched over HTTP(S), else a local read; its duration.
-pub fn git_poll(ok: bool, remote: bool, took: Duration) {
-    metrics::counter!(GIT_POLLS, "outcome" => if ok { "ok" } else { "error" }).increment(1);
-    let kind = if remote { "remote" } else { "local" };
-    metrics::histogram!(GIT_POLL_DURATION, "repository" => kind).record(took.as_secs_f64());
-}
-
-pub fn proxied_bytes(direction: &'static str, n: usize) {
-    metrics::counter!(PROXIED_BYTES, "direction" => direction).increment(n as u64);
 }
 
 /// A refused authentication; `reason` is one of a few fixed words.

@@ -2,9 +2,7 @@
 //! one agent and its token into a local directory (0700, files 0600), and returns a config using
 //! them with loopback listeners and the in-memory registry.
 
-use std::fs::OpenOptions;
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::auth::Secret;
@@ -40,14 +38,7 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> DevSetupError + '_ {
 
 /// Writes `contents` to a new 0600 file; returns false if the file already existed.
 fn write_new_private(path: &Path, contents: &str) -> Result<bool, DevSetupError> {
-    match OpenOptions::new().write(true).create_new(true).mode(0o600).open(path) {
-        Ok(mut f) => {
-            f.write_all(contents.as_bytes()).map_err(io_err(path))?;
-            Ok(true)
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
-        Err(e) => Err(io_err(path)(e)),
-    }
+    crate::tools::private_file::create_new(path, contents.as_bytes()).map_err(io_err(path))
 }
 
 pub fn ensure_dev_setup(dir: &Path) -> Result<DevSetup, DevSetupError> {
@@ -78,7 +69,6 @@ pub fn ensure_dev_setup(dir: &Path) -> Result<DevSetup, DevSetupError> {
         std::fs::remove_file(&agent_token_file).ok();
         write_new_private(&agent_token_file, &format!("{token}\n"))?;
         file.save(&agents_file)?;
-        std::fs::set_permissions(&agents_file, std::fs::Permissions::from_mode(0o600)).map_err(io_err(&agents_file))?;
         created = true;
     }
     let mut config = Config::default();

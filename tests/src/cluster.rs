@@ -5,10 +5,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kas::agent::AgentConfigDocument;
 use kas::auth::agent_token::{StaticAgent, StaticAgentsFile, token_sha256_hex};
 use kas::auth::jwt::{GITLAB_ISSUER, KAS_AUDIENCE, KAS_ISSUER};
 use kas::auth::{Secret, mint_jwt};
-use kas::modules::configuration::AgentConfigDocument;
 use kas::registry::AgentRegistry;
 use kas::registry::memory::MemoryStore;
 use kas::registry::redis::RedisConfig;

@@ -2,7 +2,7 @@
 //! pieces (kas, agentk, redis-server) and asserts the claim it is named for.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
-use kas::modules::configuration::AgentConfigDocument;
+use kas::agent::AgentConfigDocument;
 use kas_e2e::certificates::localhost_tls;
 use kas_e2e::{Cluster, eventually};
 use kas_proto::kas::kas_api_client::KasApiClient;

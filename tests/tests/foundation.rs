@@ -282,7 +282,7 @@ async fn bad_agent_token_is_rejected() {
 
 #[tokio::test]
 async fn configuration_is_streamed_and_not_resent_when_unchanged() {
-    let doc: kas::modules::configuration::AgentConfigDocument =
+    let doc: kas::agent::AgentConfigDocument =
         serde_norway::from_str("observability:\n  logging:\n    level: debug\n").unwrap();
     let c = Cluster::builder().agent_configuration(1, doc).start().await;
     let a = c.start_agentk(1, 0, "agentk-0").await;

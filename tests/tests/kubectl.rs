@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use kas::modules::configuration::AgentConfigDocument;
+use kas::agent::AgentConfigDocument;
 use kas_e2e::{Cluster, eventually};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};

@@ -9,19 +9,8 @@ use kas_proto::{AgentId, ProjectId};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::agent::{AgentConfigDocument, AgentIdentity, ConfigurationOrigin, GitRepository, RepositoryLocation};
 use crate::error::KasError;
-use crate::modules::configuration::{AgentConfigDocument, ConfigurationOrigin, GitRepository, RepositoryLocation};
-
-/// Who an agent token belongs to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AgentIdentity {
-    pub agent_id: AgentId,
-    pub name: String,
-    /// The agent's configuration project.
-    pub project_id: ProjectId,
-    /// Where its configuration comes from.
-    pub configuration: ConfigurationOrigin,
-}
 
 #[async_trait]
 pub trait TokenVerifier: Send + Sync + 'static {
@@ -101,24 +90,11 @@ impl StaticAgentsFile {
     /// Writes the file (0600: it names every agent) through a temporary file and a rename, so
     /// kas never reads a half-written file.
     pub fn save(&self, path: &Path) -> Result<(), StaticAgentsError> {
-        use std::io::Write;
-        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
         let p = path.display().to_string();
         let text = serde_norway::to_string(self)
             .map_err(|e| StaticAgentsError::Invalid { path: p.clone(), message: e.to_string() })?;
-        let tmp = path.with_extension("yaml.tmp");
-        let write = |source| StaticAgentsError::Write { path: p.clone(), source };
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(write)?;
-        f.set_permissions(std::fs::Permissions::from_mode(0o600)).map_err(write)?;
-        f.write_all(text.as_bytes()).map_err(write)?;
-        f.sync_all().map_err(write)?;
-        std::fs::rename(&tmp, path).map_err(write)
+        crate::tools::private_file::replace(path, text.as_bytes())
+            .map_err(|source| StaticAgentsError::Write { path: p, source })
     }
 
     /// The file at `path` (empty if missing) with `agent` appended, validated as kas loads it.
@@ -141,12 +117,8 @@ impl StaticAgentsFile {
         let mut hashes = std::collections::HashSet::new();
         for (i, a) in self.agents.iter().enumerate() {
             let at = format!("agents[{i}]");
-            if a.id <= 0 {
-                return Err(format!("{at}.id must be a positive integer, got {}", a.id));
-            }
-            if a.project_id <= 0 {
-                return Err(format!("{at}.project_id must be a positive integer, got {}", a.project_id));
-            }
+            AgentId::from_wire(&format!("{at}.id"), a.id).map_err(|e| e.to_string())?;
+            ProjectId::from_wire(&format!("{at}.project_id"), a.project_id).map_err(|e| e.to_string())?;
             if a.name.trim().is_empty() {
                 return Err(format!("{at}.name must not be empty"));
             }

@@ -215,8 +215,8 @@ impl RedisRegistry {
         info = info.set_redis_settings(settings);
         let client = match &config.ca_cert_file {
             Some(path) => {
-                let root_cert = std::fs::read(path)
-                    .map_err(|e| RegistryError(format!("cannot read redis CA file {}: {e}", path.display())))?;
+                let root_cert = crate::tools::tls::read_ca_bundle(path)
+                    .map_err(|e| RegistryError(format!("redis CA file: {e}")))?;
                 redis::Client::build_with_tls(
                     info,
                     redis::TlsCertificates { client_tls: None, root_cert: Some(root_cert) },

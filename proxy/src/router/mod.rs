@@ -116,18 +116,10 @@ impl Target {
     }
 
     pub fn validate(&self) -> Result<(), KasError> {
-        if self.agent_id.0 <= 0 {
-            return Err(KasError::InvalidArgument(format!(
-                "agent_id must be a positive integer, got {}",
-                self.agent_id
-            )));
-        }
-        if self.connection_id.0 < 0 {
-            return Err(KasError::InvalidArgument(format!(
-                "connection_id must be 0 (any) or a positive integer, got {}",
-                self.connection_id
-            )));
-        }
+        // Callers validate at their boundary; this keeps a target built from unchecked values
+        // (GetPods messages carry raw ids) to the same rules.
+        AgentId::from_wire("agent_id", self.agent_id.0)?;
+        ConnectionId::from_wire_or_any("connection_id", self.connection_id.0)?;
         Ok(())
     }
 

@@ -115,10 +115,7 @@ impl AgentTunnel for AgentService {
     ) -> Result<Response<Self::GetConfigurationStream>, Status> {
         let agent = self.authenticate(&request).await?;
         let req = request.into_inner();
-        if req.connection_id <= 0 {
-            return Err(Status::invalid_argument("connection_id must be a positive integer"));
-        }
-        let connection_id = ConnectionId(req.connection_id);
+        let connection_id = ConnectionId::from_wire("connection_id", req.connection_id).map_err(KasError::from)?;
         let agent_id = agent.agent_id;
         // Only presence streams count: tunnels are opened per request and must never be limited.
         match self.registry.count_connection(agent_id, CONNECTION_RATE_WINDOW).await {
@@ -234,15 +231,14 @@ impl AgentTunnel for AgentService {
         let Some(connect_request::Msg::Descriptor(descriptor)) = first.msg else {
             return Err(Status::internal("frame order accepted a non-descriptor first frame"));
         };
-        if descriptor.connection_id <= 0 {
-            return Err(Status::invalid_argument("Descriptor.connection_id must be a positive integer"));
-        }
+        let connection_id =
+            ConnectionId::from_wire("Descriptor.connection_id", descriptor.connection_id).map_err(KasError::from)?;
         if descriptor.methods.is_empty() {
             return Err(Status::invalid_argument("Descriptor.methods must name at least one method"));
         }
         let (tx, rx) = mpsc::channel(TUNNEL_SEND_BUFFER);
         let (io, closed) = TunnelIo::local(tx, inbound.boxed(), order);
-        self.tunnels.register(agent.agent_id, ConnectionId(descriptor.connection_id), descriptor.methods, io, closed);
+        self.tunnels.register(agent.agent_id, connection_id, descriptor.methods, io, closed);
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 }

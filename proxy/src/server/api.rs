@@ -1,19 +1,18 @@
-//! The api listener: `KasApi` for GitLab. Every call carries a GitLab JWT.
+//! The api listener: `KasApi` for GitLab. Every call carries a GitLab JWT. Each method is a call
+//! into the feature (`modules/`) that implements it.
 
-use futures::{Stream, StreamExt};
 use kas_proto::kas::kas_api_server::KasApi;
 use kas_proto::kas::{
     ConnectedAgentsByIdRequest, ConnectedAgentsByIdResponse, ConnectedAgentsForProjectRequest,
     ConnectedAgentsForProjectResponse, GetPodsRequest, GetPodsResponse, KubernetesRequest,
 };
-use kas_proto::kubernetes_api::{HttpFrame, http_frame};
-use kas_proto::{AgentId, ConnectionId, ProjectId};
+use kas_proto::{AgentId, ProjectId};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::JwtVerifier;
 use crate::error::KasError;
 use crate::modules::get_pods::{self, Scope};
-use crate::modules::kubernetes_api;
+use crate::modules::{connected_agents, kubernetes_api};
 use crate::router::Router;
 
 pub struct ApiService {
@@ -30,14 +29,7 @@ pub fn jwt_interceptor(verifier: JwtVerifier) -> impl tonic::service::Intercepto
     }
 }
 
-fn positive(name: &str, v: i64) -> Result<(), KasError> {
-    if v <= 0 {
-        return Err(KasError::InvalidArgument(format!("{name} must be a positive integer, got {v}")));
-    }
-    Ok(())
-}
-
-type FrameStream = std::pin::Pin<Box<dyn Stream<Item = Result<HttpFrame, Status>> + Send>>;
+use kubernetes_api::grpc::FrameStream;
 
 #[tonic::async_trait]
 impl KasApi for ApiService {
@@ -47,60 +39,15 @@ impl KasApi for ApiService {
         &self,
         request: Request<Streaming<KubernetesRequest>>,
     ) -> Result<Response<FrameStream>, Status> {
-        let metadata = kas_proto::metadata::forwarded(request.metadata());
-        let mut inbound = request.into_inner();
-        let first = inbound.message().await?.ok_or_else(|| Status::invalid_argument("empty request stream"))?;
-        let Some(http_frame::Frame::RequestHead(head)) = first.frame.and_then(|f| f.frame) else {
-            return Err(Status::invalid_argument("the first message must carry the request head"));
-        };
-        let mut exchange = kubernetes_api::start(
-            &self.router,
-            AgentId(first.agent_id),
-            ConnectionId(first.connection_id),
-            metadata,
-            head,
-            None,
-        )
-        .await?;
-        let body = inbound.filter_map(|m| async move {
-            match m {
-                Ok(KubernetesRequest {
-                    frame: Some(HttpFrame { frame: Some(http_frame::Frame::Body(chunk)) }),
-                    ..
-                }) => Some(Ok(chunk)),
-                Ok(_) => None,
-                Err(status) => Some(Err(status)),
-            }
-        });
-        let pump = exchange.take_sender().map(|sender| kubernetes_api::pump_body(sender, body));
-        // Routing errors (agent not connected, bad request) failed the call above. From here on
-        // the stream is returned at once: a gRPC client sends its request body only after the
-        // response headers, and the API server answers only after the body. The response head
-        // is the stream's first item; failures after routing arrive as the stream's status.
-        let stream = futures::stream::once(async move {
-            let head = exchange.response_head().await.map_err(Status::from)?;
-            Ok::<_, Status>((head, exchange))
-        })
-        .flat_map(move |first| {
-            let _pump = &pump;
-            match first {
-                Ok((head, exchange)) => futures::stream::once(async move { Ok(HttpFrame::response_head(head)) })
-                    .chain(exchange.into_body_stream().map(|chunk| chunk.map(HttpFrame::body).map_err(Status::from)))
-                    .boxed(),
-                Err(status) => futures::stream::once(async move { Err(status) }).boxed(),
-            }
-        });
-        Ok(Response::new(Box::pin(stream)))
+        kubernetes_api::grpc::make_kubernetes_request(&self.router, request).await
     }
 
     async fn connected_agents_for_project(
         &self,
         request: Request<ConnectedAgentsForProjectRequest>,
     ) -> Result<Response<ConnectedAgentsForProjectResponse>, Status> {
-        let project_id = request.into_inner().project_id;
-        positive("project_id", project_id)?;
-        let agents =
-            self.router.registry().connections_by_project_id(ProjectId(project_id)).await.map_err(KasError::from)?;
+        let project_id = ProjectId::from_wire("project_id", request.into_inner().project_id).map_err(KasError::from)?;
+        let agents = connected_agents::by_project_id(&self.router, project_id).await?;
         Ok(Response::new(ConnectedAgentsForProjectResponse { agents }))
     }
 
@@ -108,9 +55,8 @@ impl KasApi for ApiService {
         &self,
         request: Request<ConnectedAgentsByIdRequest>,
     ) -> Result<Response<ConnectedAgentsByIdResponse>, Status> {
-        let agent_id = request.into_inner().agent_id;
-        positive("agent_id", agent_id)?;
-        let agents = self.router.registry().connections_by_agent_id(AgentId(agent_id)).await.map_err(KasError::from)?;
+        let agent_id = AgentId::from_wire("agent_id", request.into_inner().agent_id).map_err(KasError::from)?;
+        let agents = connected_agents::by_agent_id(&self.router, agent_id).await?;
         Ok(Response::new(ConnectedAgentsByIdResponse { agents }))
     }
 

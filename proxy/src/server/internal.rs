@@ -32,8 +32,15 @@ fn hop(md: &MetadataMap, key: &'static str) -> Result<String, KasError> {
         .ok_or_else(|| KasError::InvalidArgument(format!("missing {key} metadata")))
 }
 
-fn hop_id(md: &MetadataMap, key: &'static str) -> Result<i64, KasError> {
-    hop(md, key)?.parse().map_err(|_| KasError::InvalidArgument(format!("{key} must be an integer")))
+/// The agent connection and method a routing kas names in its hop metadata.
+fn hop_target(md: &MetadataMap) -> Result<Target, KasError> {
+    Ok(Target::new(
+        AgentId::parse(HOP_AGENT_ID, &hop(md, HOP_AGENT_ID)?)?,
+        // The routing kas always names the connection it found in the registry: 0 ("any")
+        // would let a peer pick any local connection.
+        ConnectionId::parse(HOP_CONNECTION_ID, &hop(md, HOP_CONNECTION_ID)?)?,
+        &hop(md, HOP_METHOD)?,
+    ))
 }
 
 /// routing kas -> agentk: request frames, in order, until CloseSend or the routing kas leaves.
@@ -99,11 +106,7 @@ impl KasInternal for InternalService {
         request: Request<Streaming<ConnectResponse>>,
     ) -> Result<Response<Self::ForwardTunnelStream>, Status> {
         let md = request.metadata();
-        let target = Target::new(
-            AgentId(hop_id(md, HOP_AGENT_ID)?),
-            ConnectionId(hop_id(md, HOP_CONNECTION_ID)?),
-            &hop(md, HOP_METHOD)?,
-        );
+        let target = hop_target(md)?;
         let deadline = super::grpc_timeout(md);
         // NOT_FOUND here, before the response headers, tells the routing kas to try elsewhere.
         let tunnel = self.router.route_local(&target, deadline).await?;
@@ -142,24 +145,30 @@ mod proptests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(256))]
 
-        /// `kas-hop-agent-id` / `kas-hop-connection-id` from a peer kas: any value is an id or
-        /// INVALID_ARGUMENT naming the key, never a panic. (What is accepted is Rust's `i64`
-        /// syntax: a sign, zero and negative ids included; see the issue 12 report.)
+        /// `kas-hop-agent-id` / `kas-hop-connection-id` from a peer kas: any value is a target
+        /// exactly when it is a positive id in decimal digits (the rule of every id, see
+        /// `kas_proto::ids`), else INVALID_ARGUMENT naming the key; never a panic.
         #[test]
         fn hop_ids_of_arbitrary_metadata(raw in prop_oneof![any::<i64>().prop_map(|v| v.to_string()), "[+-]?[0-9]{0,21}", "[ -~]{0,12}"]) {
             let mut md = MetadataMap::new();
             let Ok(value) = raw.parse() else { return Ok(()) };
+            md.insert(HOP_AGENT_ID, "7".parse().unwrap());
+            md.insert(HOP_METHOD, "/m".parse().unwrap());
             md.insert(HOP_CONNECTION_ID, value);
-            match hop_id(&md, HOP_CONNECTION_ID) {
-                Ok(v) => prop_assert_eq!(Ok(v), raw.parse::<i64>()),
+            let valid = !raw.is_empty() && raw.bytes().all(|b| b.is_ascii_digit()) && raw.parse::<i64>().is_ok_and(|v| v > 0);
+            match hop_target(&md) {
+                Ok(t) => {
+                    prop_assert!(valid, "{raw:?} accepted");
+                    prop_assert_eq!((t.agent_id, Ok(t.connection_id.0)), (AgentId(7), raw.parse::<i64>()));
+                }
                 Err(e) => {
-                    prop_assert!(raw.parse::<i64>().is_err());
-                    prop_assert_eq!(e.to_string(), "kas-hop-connection-id must be an integer");
+                    prop_assert!(!valid, "{raw:?} refused");
+                    prop_assert!(e.to_string().starts_with("kas-hop-connection-id must be a positive integer"), "{e}");
                     prop_assert_eq!(tonic::Status::from(e).code(), tonic::Code::InvalidArgument);
                 }
             }
             prop_assert_eq!(
-                hop_id(&MetadataMap::new(), HOP_AGENT_ID).unwrap_err().to_string(),
+                hop_target(&MetadataMap::new()).unwrap_err().to_string(),
                 "missing kas-hop-agent-id metadata"
             );
         }

@@ -6,8 +6,6 @@ pub mod internal;
 pub mod listen;
 pub mod observability;
 pub mod rest;
-pub mod rest_serve;
-pub mod rest_state;
 
 use std::time::Duration;
 

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use kas_proto::tunnel::pb;
 
-use super::AgentConfigDocument;
+use crate::agent::AgentConfigDocument;
 use crate::error::KasError;
 
 /// The path of an agent's configuration file inside its configuration project.
@@ -113,7 +113,7 @@ pub(crate) mod tests {
 
     use super::*;
 
-    const MAX: u64 = crate::config::DEFAULT_MAX_CONFIG_BYTES;
+    const MAX: u64 = super::super::config::DEFAULT_MAX_CONFIG_BYTES;
 
     /// A bare repository (default branch `main`) and a work tree that pushes to it, driven by
     /// the git command line (a repository as git itself writes it).

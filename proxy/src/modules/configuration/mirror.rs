@@ -14,9 +14,9 @@ use std::time::Duration;
 use gix::protocol::transport::client::blocking_io::http;
 use sha2::{Digest, Sha256};
 
+use super::config::AgentGitConfig;
 use super::git::{describe, open, unavailable};
 use crate::auth::Secret;
-use crate::config::AgentGitConfig;
 use crate::error::KasError;
 
 /// The local ref each mirror fetches its branch into.
@@ -34,8 +34,8 @@ pub enum MirrorSetupError {
     Password { path: String, source: std::io::Error },
     #[error("agents.git.password_file: {path} is empty")]
     EmptyPassword { path: String },
-    #[error("agents.git.ca_cert_file: cannot read {path}: {source}")]
-    CaRead { path: String, source: std::io::Error },
+    #[error("agents.git.ca_cert_file: {0}")]
+    Ca(String),
 }
 
 /// HTTP basic credentials for remote repositories (the password never reaches Debug output).
@@ -98,10 +98,7 @@ impl Mirrors {
             _ => None,
         };
         let ca_pem = match &config.ca_cert_file {
-            Some(file) => Some(Arc::new(
-                std::fs::read(file)
-                    .map_err(|source| MirrorSetupError::CaRead { path: file.display().to_string(), source })?,
-            )),
+            Some(file) => Some(Arc::new(crate::tools::tls::read_ca_bundle(file).map_err(MirrorSetupError::Ca)?)),
             None => None,
         };
         Ok(Self {

@@ -1,5 +1,7 @@
 //! GetPods, kas half: route to an agentk replica, send the request through its tunnel, decode.
 
+pub mod rest;
+
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -44,4 +46,18 @@ pub async fn get_pods(
     let response = tunnel.unary(get_pods::METHOD, metadata, Bytes::from(request.encode_to_vec())).await?;
     GetPodsResponse::decode(response.body)
         .map_err(|e| KasError::Tunnel(format!("agentk sent an invalid GetPods response: {e}")))
+}
+
+/// The feature's registration (see [`crate::modules::Module`]). Its gRPC methods are the
+/// specification's `KasApi.GetPods` and `KasInternal.GetPods`.
+pub struct GetPods;
+
+impl super::Module for GetPods {
+    fn name(&self) -> &'static str {
+        "get_pods"
+    }
+
+    fn rest_routes(&self) -> utoipa_axum::router::OpenApiRouter<crate::server::rest::RestState> {
+        rest::routes()
+    }
 }

@@ -18,6 +18,8 @@ use kas_proto::{AgentId, ConnectionId};
 use prost::Message;
 use tokio_util::task::AbortOnDropHandle;
 
+pub mod grpc;
+pub mod metrics;
 pub mod rest;
 
 use crate::error::KasError;
@@ -113,7 +115,7 @@ impl Exchange {
                             if chunk.is_empty() {
                                 continue;
                             }
-                            crate::metrics::proxied_bytes("response", chunk.len());
+                            metrics::proxied_bytes("response", chunk.len());
                             return Some((Ok(chunk), Some(receiver)));
                         }
                         Ok(_) => {
@@ -177,7 +179,7 @@ where
             match chunk {
                 Ok(chunk) if chunk.is_empty() => continue,
                 Ok(chunk) => {
-                    crate::metrics::proxied_bytes("request", chunk.len());
+                    metrics::proxied_bytes("request", chunk.len());
                     // Bounded messages keep every hop's buffers bounded in bytes.
                     for piece in kas_proto::flow::split_chunk(chunk) {
                         if sender.send(ConnectResponse::message(HttpFrame::body(piece).to_bytes())).await.is_err() {
@@ -195,6 +197,24 @@ where
         }
         let _ = sender.send(ConnectResponse::close_send()).await;
     }))
+}
+
+/// The feature's registration (see [`crate::modules::Module`]). Its gRPC method is the
+/// specification's `KasApi.MakeKubernetesRequest` ([`grpc`]).
+pub struct KubernetesApi;
+
+impl super::Module for KubernetesApi {
+    fn name(&self) -> &'static str {
+        "kubernetes_api"
+    }
+
+    fn streaming_rest_routes(&self) -> utoipa_axum::router::OpenApiRouter<crate::server::rest::RestState> {
+        rest::routes()
+    }
+
+    fn describe_metrics(&self) {
+        metrics::describe();
+    }
 }
 
 #[cfg(test)]

@@ -23,17 +23,107 @@ use tokio_util::io::ReaderStream;
 
 use super::{Exchange, pump_body, start};
 use crate::error::KasError;
-use crate::server::rest_state::{RestState, forwarded_metadata};
+use serde::{Deserialize, Serialize};
+use utoipa::{OpenApi, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
 
-/// Marks a response as the API server's own, so the rest listener never rewrites it.
-#[derive(Debug, Clone, Copy)]
-pub struct ProxiedResponse;
+use crate::server::rest::{OwnErrorFormat, PROBLEM_JSON, Problem, RestState, forwarded_metadata};
 
-/// The routes, merged into the rest listener's authenticated routes (outside its timeout).
-pub fn rest_routes() -> axum::Router<RestState> {
-    axum::Router::new()
+/// The routes (streaming: outside the rest listener's request timeout), with the OpenAPI
+/// description of the path. They enforce `rest.max_request_body_bytes` themselves, answering
+/// with a Kubernetes `Status`.
+pub fn routes() -> OpenApiRouter<RestState> {
+    OpenApiRouter::with_openapi(KubernetesApiDoc::openapi())
         .route("/api/v1/agents/{agent_id}/kubernetes", any(proxy))
         .route("/api/v1/agents/{agent_id}/kubernetes/{*path}", any(proxy))
+}
+
+/// Proxy a request to the agent's Kubernetes API server
+///
+/// The rest of the path, the query, the method and the body go to the cluster's Kubernetes API
+/// (through agentk, with agentk's service account). The API server's responses (including
+/// errors, as Kubernetes `Status` objects) pass through unchanged; watches and logs stream, and
+/// protocol upgrades (kubectl exec, attach, port-forward) are carried through. Errors of kas itself
+/// on this path are Kubernetes `Status` objects too (so kubectl prints their message), except a
+/// bad JWT (problem+json, from the listener's authentication). kubectl sends its token only over
+/// TLS: give the rest listener `tls` for kubectl. In Swagger UI, the `path` parameter's slashes
+/// are percent-encoded; use curl or kubectl for real calls.
+#[utoipa::path(
+    method(get, post, put, patch, delete),
+    path = "/api/v1/agents/{agent_id}/kubernetes/{path}",
+    tag = "kubernetes",
+    operation_id = "kubernetesApiProxy",
+    params(
+        ("agent_id" = i64, Path, description = "The agent's id", minimum = 1, maximum = 9223372036854775807_i64),
+        ("path" = String, Path, description = "The Kubernetes API path without its leading slash, e.g. `api/v1/namespaces/default/pods` (may contain slashes)"),
+    ),
+    security(("bearer" = [])),
+    responses(
+        (status = "default", description = "The Kubernetes API server's own response, passed through"),
+        (status = 400, description = "Bad agent id or request", body = KubernetesStatus),
+        (status = 401, description = "Missing or invalid JWT", body = Problem, content_type = PROBLEM_JSON),
+        (status = 413, description = "The request body is larger than rest.max_request_body_bytes", body = KubernetesStatus),
+        (status = 429, description = "The agent (or this kas) is at its limit of concurrent requests", body = KubernetesStatus),
+        (status = 502, description = "agentk or the Kubernetes API server failed", body = KubernetesStatus),
+        (status = 503, description = "The agent is not connected within routing.max_wait", body = KubernetesStatus),
+        (status = 504, description = "The caller's deadline passed while waiting for the agent", body = KubernetesStatus),
+    )
+)]
+#[allow(dead_code)] // documentation only: `proxy` serves every method of the path
+fn kubernetes_api_proxy() {}
+
+#[derive(OpenApi)]
+#[openapi(paths(kubernetes_api_proxy))]
+struct KubernetesApiDoc;
+
+/// A Kubernetes `Status` (`v1`), failure: kas's own errors on this path, shaped as the API
+/// server's, so kubectl and client libraries show the message. The OpenAPI schema is this type.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KubernetesStatus {
+    /// Always `Status`.
+    pub kind: String,
+    /// Always `v1`.
+    pub api_version: String,
+    /// Always empty.
+    pub metadata: StatusMetadata,
+    /// Always `Failure`.
+    pub status: String,
+    /// What went wrong, e.g. "agent 1 is not connected (waited 20s for it to connect)".
+    pub message: String,
+    /// `BadRequest`, `Unauthorized`, `NotFound`, `TooManyRequests`, `RequestEntityTooLarge`,
+    /// `ServiceUnavailable`, `Timeout` or `InternalError`.
+    pub reason: String,
+    /// The HTTP status code.
+    pub code: u16,
+}
+
+/// `ListMeta` of a `Status`: kas sets none of its fields.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct StatusMetadata {}
+
+impl KubernetesStatus {
+    pub fn failure(status: http::StatusCode, reason: &str, message: String) -> Self {
+        Self {
+            kind: "Status".to_owned(),
+            api_version: "v1".to_owned(),
+            metadata: StatusMetadata {},
+            status: "Failure".to_owned(),
+            message,
+            reason: reason.to_owned(),
+            code: status.as_u16(),
+        }
+    }
+}
+
+impl IntoResponse for KubernetesStatus {
+    fn into_response(self) -> Response {
+        let status = http::StatusCode::from_u16(self.code).unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
+        let body = serde_json::to_string(&self).unwrap_or_default();
+        let mut response = (status, [(http::header::CONTENT_TYPE, "application/json")], body).into_response();
+        response.extensions_mut().insert(OwnErrorFormat);
+        response
+    }
 }
 
 async fn proxy(
@@ -61,18 +151,7 @@ pub fn kubernetes_status(e: &KasError) -> Response {
         http::StatusCode::PAYLOAD_TOO_LARGE => "RequestEntityTooLarge",
         _ => "InternalError",
     };
-    let body = serde_json::json!({
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": e.public_message(),
-        "reason": reason,
-        "code": status.as_u16(),
-    });
-    let mut response = (status, [(http::header::CONTENT_TYPE, "application/json")], body.to_string()).into_response();
-    response.extensions_mut().insert(ProxiedResponse);
-    response
+    KubernetesStatus::failure(status, reason, e.public_message()).into_response()
 }
 
 async fn proxy_inner(
@@ -87,7 +166,7 @@ async fn proxy_inner(
         path.push_str(query);
     }
     let upgrade = is_upgrade(request.headers());
-    let progress = request.extensions().get::<crate::server::rest_serve::WriteProgress>().cloned();
+    let progress = request.extensions().get::<crate::server::rest::serve::WriteProgress>().cloned();
     // Taken before the body: after a 101 this is the caller's connection, as raw bytes.
     let on_upgrade = if upgrade { request.extensions_mut().remove::<hyper::upgrade::OnUpgrade>() } else { None };
     let head = HttpRequestHead {
@@ -103,18 +182,18 @@ async fn proxy_inner(
     } else {
         let body = request.into_body();
         match axum::body::HttpBody::size_hint(&body).exact() {
-            Some(length) if length > limit as u64 => return Ok(body_too_large(Some(limit))),
+            Some(length) if length > limit as u64 => return Ok(body_too_large(limit)),
             Some(_) => Some(RequestBody::Streamed(body)),
             None => match read_limited(body, limit).await {
                 Ok(chunks) => Some(RequestBody::Buffered(chunks)),
-                Err(BodyReadError::TooLarge) => return Ok(body_too_large(Some(limit))),
+                Err(BodyReadError::TooLarge) => return Ok(body_too_large(limit)),
                 Err(BodyReadError::Failed(e)) => {
                     return Err(KasError::InvalidArgument(format!("reading the request body failed: {e}")));
                 }
             },
         }
     };
-    let mut exchange = start(&state.router, AgentId(agent_id), ConnectionId::ANY, metadata, head, None).await?;
+    let mut exchange = start(&state.router, agent_id, ConnectionId::ANY, metadata, head, None).await?;
     let sender = exchange.take_sender();
     let request_pump = match (body, sender) {
         (Some(RequestBody::Streamed(body)), Some(sender)) => Some(pump_body(sender, body.into_data_stream())),
@@ -149,7 +228,7 @@ async fn proxy_inner(
     let mut response = Response::new(body);
     *response.status_mut() = status;
     *response.headers_mut() = headers;
-    response.extensions_mut().insert(ProxiedResponse);
+    response.extensions_mut().insert(OwnErrorFormat);
     Ok(response)
 }
 
@@ -162,12 +241,8 @@ fn response_status(status: u32) -> Result<http::StatusCode, KasError> {
 }
 
 /// The `{agent_id}` path parameter.
-pub(crate) fn agent_id_param(params: &HashMap<String, String>) -> Result<i64, KasError> {
-    params
-        .get("agent_id")
-        .and_then(|s| s.parse::<i64>().ok())
-        .filter(|id| *id > 0)
-        .ok_or_else(|| KasError::InvalidArgument("agent_id must be a positive integer".into()))
+pub(crate) fn agent_id_param(params: &HashMap<String, String>) -> Result<AgentId, KasError> {
+    Ok(AgentId::parse("agent_id", params.get("agent_id").map_or("", String::as_str))?)
 }
 
 enum RequestBody {
@@ -205,33 +280,10 @@ async fn read_limited(body: Body, limit: usize) -> Result<Vec<bytes::Bytes>, Bod
     Ok(chunks)
 }
 
-/// Whether `path` is on this module's routes (`/api/v1/agents/{agent_id}/kubernetes...`).
-pub fn is_proxy_path(path: &str) -> bool {
-    path.strip_prefix("/api/v1/agents/")
-        .and_then(|rest| rest.split_once('/'))
-        .is_some_and(|(_, rest)| rest == "kubernetes" || rest.starts_with("kubernetes/"))
-}
-
 /// 413 as a Kubernetes `Status` (what the API server answers for a body over its limit).
-pub fn body_too_large(limit: Option<usize>) -> Response {
-    let message = match limit {
-        Some(limit) => format!("the request body is larger than {limit} bytes (kas rest.max_request_body_bytes)"),
-        None => "the request body is too large (kas rest.max_request_body_bytes)".to_owned(),
-    };
-    let body = serde_json::json!({
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": "RequestEntityTooLarge",
-        "code": 413,
-    });
-    let mut response =
-        (http::StatusCode::PAYLOAD_TOO_LARGE, [(http::header::CONTENT_TYPE, "application/json")], body.to_string())
-            .into_response();
-    response.extensions_mut().insert(ProxiedResponse);
-    response
+fn body_too_large(limit: usize) -> Response {
+    let message = format!("the request body is larger than {limit} bytes (kas rest.max_request_body_bytes)");
+    KubernetesStatus::failure(http::StatusCode::PAYLOAD_TOO_LARGE, "RequestEntityTooLarge", message).into_response()
 }
 
 /// An upgrade (kubectl exec/attach/port-forward): if the API server switches protocols, so does
@@ -249,7 +301,7 @@ async fn respond_upgrade(
     let mut response = Response::new(Body::empty());
     *response.status_mut() = status;
     *response.headers_mut() = headers;
-    response.extensions_mut().insert(ProxiedResponse);
+    response.extensions_mut().insert(OwnErrorFormat);
     if !switching {
         // The API server refused the upgrade (e.g. 403): pass its answer through.
         let _ = sender.send(kas_proto::tunnel::pb::ConnectResponse::close_send()).await;

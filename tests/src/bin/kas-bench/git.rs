@@ -7,12 +7,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kas::auth::AgentIdentity;
+use kas::agent::{AgentIdentity, ConfigurationOrigin, GitRepository, RepositoryLocation};
 use kas::config::AgentGitConfig;
 use kas::modules::configuration::mirror::Mirrors;
-use kas::modules::configuration::{
-    AgentConfigurations, ConfigurationOrigin, ConfigurationSource, GitRepository, RepositoryLocation, git,
-};
+use kas::modules::configuration::{AgentConfigurations, ConfigurationSource, git};
 use kas_e2e::{GitHttpServer, GitRepo};
 use kas_proto::{AgentId, ProjectId};
 

@@ -1,5 +1,5 @@
 //! What the REST gateway's handlers share with the feature modules that add routes to it (the
-//! Kubernetes API proxy): kept apart from `rest.rs`, which assembles those routes, so that the
+//! Kubernetes API proxy): kept apart from `mod.rs`, which assembles those routes, so that the
 //! modules do not depend on the file that depends on them.
 
 use std::collections::HashMap;
@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use axum::http::HeaderMap;
 use kas_proto::tunnel::pb::MetadataValues;
 
+use super::config::RestConfig;
 use crate::auth::JwtVerifier;
-use crate::config::RestConfig;
 use crate::router::Router;
 
 /// What the REST handlers share. The Kubernetes API proxy routes use the same state.

@@ -2,7 +2,6 @@
 //! protocol upgrades (kubectl exec), optional TLS, graceful shutdown. TLS matters here beyond
 //! transport security: kubectl (client-go) does not send a bearer token to a plaintext server.
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,7 +16,6 @@ use tokio_util::either::Either;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
-use crate::config::TlsConfig;
 use crate::server::listen::{Accepted, Acceptor, Guarded};
 
 /// How far the bytes a caller's HTTP/1.1 connection has written to its socket run behind what a
@@ -134,57 +132,6 @@ impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Counted<T> {
     ) -> std::task::Poll<std::io::Result<()>> {
         std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
     }
-}
-
-/// A listener's certificate and key, loaded for rustls (HTTP/2 and HTTP/1.1 offered by ALPN).
-pub fn tls_acceptor(tls: &TlsConfig) -> Result<TlsAcceptor, String> {
-    server_tls(&tls.certificate_file, &tls.key_file, None, &[b"h2", b"http/1.1"])
-}
-
-/// rustls for a listener: its certificate chain and key, the ALPN protocols it offers, and when
-/// `client_ca` is given, client certificates required and verified against that CA.
-pub fn server_tls(
-    certificate_file: &Path,
-    key_file: &Path,
-    client_ca: Option<&Path>,
-    alpn: &[&[u8]],
-) -> Result<TlsAcceptor, String> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let read_certs = |path: &Path| {
-        let certs = CertificateDer::pem_file_iter(path)
-            .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-            .map_err(|e| format!("cannot read certificates from {}: {e}", path.display()))?;
-        if certs.is_empty() {
-            return Err(format!("{} holds no certificate", path.display()));
-        }
-        Ok(certs)
-    };
-    let certs = read_certs(certificate_file)?;
-    let key = PrivateKeyDer::from_pem_file(key_file)
-        .map_err(|e| format!("cannot read the private key from {}: {e}", key_file.display()))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?;
-    let builder = match client_ca {
-        None => builder.with_no_client_auth(),
-        Some(ca) => {
-            let mut roots = rustls::RootCertStore::empty();
-            for cert in read_certs(ca)? {
-                roots.add(cert).map_err(|e| format!("{}: unusable CA certificate: {e}", ca.display()))?;
-            }
-            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                .build()
-                .map_err(|e| format!("{}: {e}", ca.display()))?;
-            builder.with_client_cert_verifier(verifier)
-        }
-    };
-    let mut config = builder
-        .with_single_cert(certs, key)
-        .map_err(|e| format!("certificate and key do not form a usable identity: {e}"))?;
-    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-    Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
 /// HTTP/2 pings on the rest and observability listeners: a client that vanished is noticed

@@ -1,4 +1,4 @@
-//! A token bucket limiting request rate (kas -> GitLab).
+//! A token bucket limiting request rate (kas -> GitLab requests, Git repository polls).
 //!
 //! `acquire` takes a token at once when one is available. Otherwise the caller reserves the
 //! next token and waits for it, provided that wait is at most `max_wait`; a longer wait fails
@@ -8,7 +8,41 @@
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
+
+/// A bucket's configuration section (`gitlab.rate_limit`, `agents.git.rate_limit`). Fields
+/// missing from a section take [`RateLimitConfig::DEFAULT`]'s; each owner sets its own default
+/// section.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RateLimitConfig {
+    /// Sustained requests per second.
+    pub requests_per_second: u32,
+    /// Requests allowed at once after a quiet period (the bucket size).
+    pub burst: u32,
+    /// A request waits at most this long for the bucket; longer waits fail at once with
+    /// UNAVAILABLE "rate limited".
+    #[serde(with = "humantime_serde")]
+    pub max_wait: Duration,
+}
+
+impl RateLimitConfig {
+    /// 10 requests per second, bursts of 50, waits of at most 5 s.
+    pub const DEFAULT: Self = Self { requests_per_second: 10, burst: 50, max_wait: Duration::from_secs(5) };
+}
+
+impl Default for RateLimitConfig {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+impl From<&RateLimitConfig> for TokenBucket {
+    fn from(c: &RateLimitConfig) -> Self {
+        Self::new(c.requests_per_second, c.burst, c.max_wait)
+    }
+}
 
 #[derive(Debug)]
 pub struct TokenBucket {

@@ -18,14 +18,19 @@ use kas_proto::{AgentId, ProjectId};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use super::agent_token::{AgentIdentity, StaticAgents, TokenVerifier};
-use super::cache::TtlCache;
+pub mod config;
+pub mod repository_url;
+
+pub use config::GitlabConfig;
+pub use repository_url::RepositoryUrlTemplate;
+
+use super::agent_token::{StaticAgents, TokenVerifier};
 use super::jwt::{KAS_ISSUER, mint_jwt};
 use super::secret::Secret;
-use super::token_bucket::TokenBucket;
-use crate::config::GitlabConfig;
+use crate::agent::{AgentIdentity, ConfigurationOrigin};
 use crate::error::KasError;
-use crate::modules::configuration::{ConfigurationOrigin, RepositoryUrlTemplate};
+use crate::tools::token_bucket::TokenBucket;
+use crate::tools::ttl_cache::TtlCache;
 
 /// GitLab's internal API path answering "whose agent token is this".
 pub const AGENT_INFO_PATH: &str = "/api/v4/internal/kubernetes/agent_info";
@@ -95,10 +100,8 @@ impl AgentInfo {
 /// Building the GitLab client failed (bad CA file, bad address).
 #[derive(Debug, thiserror::Error)]
 pub enum GitlabSetupError {
-    #[error("gitlab.ca_cert_file: cannot read {path}: {source}")]
-    CaRead { path: String, source: std::io::Error },
-    #[error("gitlab.ca_cert_file: {path} holds no usable PEM certificate: {message}")]
-    CaInvalid { path: String, message: String },
+    #[error("gitlab.ca_cert_file: {0}")]
+    Ca(String),
     #[error("gitlab: cannot build the HTTP client: {0}")]
     Client(String),
 }
@@ -122,13 +125,9 @@ impl GitlabClient {
             .timeout(config.request_timeout)
             .user_agent(format!("kas/{}", crate::VERSION));
         if let Some(path) = &config.ca_cert_file {
-            let p = path.display().to_string();
-            let pem = std::fs::read(path).map_err(|source| GitlabSetupError::CaRead { path: p.clone(), source })?;
+            let pem = crate::tools::tls::read_ca_bundle(path).map_err(GitlabSetupError::Ca)?;
             let certs = reqwest::Certificate::from_pem_bundle(&pem)
-                .map_err(|e| GitlabSetupError::CaInvalid { path: p.clone(), message: e.to_string() })?;
-            if certs.is_empty() {
-                return Err(GitlabSetupError::CaInvalid { path: p, message: "no CERTIFICATE block".into() });
-            }
+                .map_err(|e| GitlabSetupError::Ca(format!("{}: {e}", path.display())))?;
             for cert in certs {
                 builder = builder.add_root_certificate(cert);
             }
@@ -285,7 +284,7 @@ mod tests {
             "default_branch": "main", "some_future_field": [1, 2]
         }"#;
         let info: AgentInfo = serde_json::from_str(body).unwrap();
-        let template = RepositoryUrlTemplate::parse(crate::config::DEFAULT_GITLAB_REPOSITORY_URL).unwrap();
+        let template = RepositoryUrlTemplate::parse(config::DEFAULT_GITLAB_REPOSITORY_URL).unwrap();
         let identity = info.identity(&template, "https://gitlab.example.com");
         assert_eq!(
             (identity.agent_id, identity.name.as_str(), identity.project_id),
