@@ -16,6 +16,31 @@ pub const DEFAULT_OBSERVABILITY_ADDRESS: &str = "0.0.0.0:8080";
 // Owned by the Kubernetes API module they configure.
 pub use crate::modules::kubernetes_api::{DEFAULT_KUBE_API_CONNECT_TIMEOUT, DEFAULT_KUBE_API_RESPONSE_HEADER_TIMEOUT};
 
+/// The environment variables the `agentk` binary reads: each flag's (checked against
+/// `agentk --help` by kas-e2e's `process` tests), then the ones read by libraries (kube-rs finds
+/// the API server of the pod's cluster from `KUBERNETES_SERVICE_*`; anyhow prints a backtrace
+/// with an error when `RUST_*` are set). Tests clear them from the processes they start, so the
+/// caller's shell cannot change what runs.
+pub const ENVIRONMENT_VARIABLES: &[&str] = &[
+    "AGENTK_KAS_ADDRESS",
+    "AGENTK_TOKEN_FILE",
+    "AGENTK_CA_CERT_FILE",
+    "KUBECONFIG",
+    "AGENTK_MIN_IDLE_TUNNELS",
+    "AGENTK_MAX_TUNNELS",
+    "AGENTK_GRACE_PERIOD",
+    "AGENTK_KUBE_API_CONNECT_TIMEOUT",
+    "AGENTK_KUBE_API_RESPONSE_HEADER_TIMEOUT",
+    "POD_NAME",
+    "POD_NAMESPACE",
+    "AGENTK_LOG",
+    "AGENTK_OBSERVABILITY_ADDRESS",
+    "KUBERNETES_SERVICE_HOST",
+    "KUBERNETES_SERVICE_PORT",
+    "RUST_BACKTRACE",
+    "RUST_LIB_BACKTRACE",
+];
+
 #[derive(Debug, Clone, clap::Parser)]
 #[command(
     name = "agentk",

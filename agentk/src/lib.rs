@@ -12,7 +12,7 @@ pub mod status;
 pub mod tunnel;
 
 pub use app::App;
-pub use config::{AgentConfig, Args, KubeSource};
+pub use config::{AgentConfig, Args, ENVIRONMENT_VARIABLES, KubeSource};
 pub use error::AgentError;
 pub use observability::{LIVEZ_PATH, READYZ_PATH};
 pub use status::Status;

@@ -11,30 +11,9 @@ use clap::Parser;
 
 const AGENTK: &str = env!("CARGO_BIN_EXE_agentk");
 
-/// Environment the binary reads; cleared so the caller's shell cannot change what runs.
-const ENV: &[&str] = &[
-    "AGENTK_KAS_ADDRESS",
-    "AGENTK_TOKEN_FILE",
-    "AGENTK_CA_CERT_FILE",
-    "AGENTK_LOG",
-    "AGENTK_OBSERVABILITY_ADDRESS",
-    "AGENTK_MIN_IDLE_TUNNELS",
-    "AGENTK_MAX_TUNNELS",
-    "AGENTK_GRACE_PERIOD",
-    "AGENTK_KUBE_API_CONNECT_TIMEOUT",
-    "AGENTK_KUBE_API_RESPONSE_HEADER_TIMEOUT",
-    "KUBECONFIG",
-    "KUBERNETES_SERVICE_HOST",
-    "KUBERNETES_SERVICE_PORT",
-    "POD_NAME",
-    "POD_NAMESPACE",
-    "RUST_BACKTRACE",
-    "RUST_LIB_BACKTRACE",
-];
-
 async fn run(args: &[&str]) -> Output {
     let mut cmd = tokio::process::Command::new(AGENTK);
-    for var in ENV {
+    for var in agentk::ENVIRONMENT_VARIABLES {
         cmd.env_remove(var);
     }
     let out = cmd.args(args).stdin(Stdio::null()).kill_on_drop(true).output();
@@ -198,7 +177,7 @@ async fn every_flag_has_an_environment_variable_and_bad_values_there_are_refused
         ("AGENTK_GRACE_PERIOD", "--grace-period"),
     ] {
         let mut cmd = tokio::process::Command::new(AGENTK);
-        for v in ENV {
+        for v in agentk::ENVIRONMENT_VARIABLES {
             cmd.env_remove(v);
         }
         cmd.env(var, "abc").args(["--kas-address", "grpc://127.0.0.1:1", "--token-file", "/nonexistent"]);
@@ -278,7 +257,7 @@ async fn binary_serves_livez_and_readyz() {
     // Nothing listens on this port: bound, then closed.
     let no_kas = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     let mut cmd = tokio::process::Command::new(AGENTK);
-    for var in ENV {
+    for var in agentk::ENVIRONMENT_VARIABLES {
         cmd.env_remove(var);
     }
     cmd.args(["--kas-address", &format!("grpc://{no_kas}"), "--token-file"])

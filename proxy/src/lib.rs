@@ -25,3 +25,22 @@ pub const COMMIT: &str = match option_env!("KAS_COMMIT") {
     Some(c) => c,
     None => "unknown",
 };
+
+/// The environment variables the `kas` binary reads: each flag's (checked against `kas --help`
+/// by kas-e2e's `process` tests), then the ones read by libraries (anyhow prints a
+/// backtrace with an error when these are set). Tests clear them from the processes they start,
+/// so the caller's shell cannot change what runs.
+pub const ENVIRONMENT_VARIABLES: &[&str] = &[
+    "KAS_CONFIG",
+    "KAS_DEV_DIR",
+    "KAS_AGENT_ADDRESS",
+    "KAS_API_ADDRESS",
+    "KAS_INTERNAL_ADDRESS",
+    "KAS_REST_ADDRESS",
+    "KAS_OBSERVABILITY_ADDRESS",
+    "KAS_REDIS_URL",
+    "KAS_LOG",
+    "KAS_LOG_FORMAT",
+    "RUST_BACKTRACE",
+    "RUST_LIB_BACKTRACE",
+];

@@ -15,22 +15,9 @@ const KAS: &str = env!("CARGO_BIN_EXE_kas");
 /// How long kas gets to start listening, and to exit after SIGTERM.
 const TIMEOUT: Duration = Duration::from_secs(20);
 
-/// Environment the binary reads; cleared so the caller's shell cannot change what runs.
-const ENV: &[&str] = &[
-    "KAS_CONFIG",
-    "KAS_DEV_DIR",
-    "KAS_AGENT_ADDRESS",
-    "KAS_API_ADDRESS",
-    "KAS_INTERNAL_ADDRESS",
-    "KAS_LOG",
-    "KAS_LOG_FORMAT",
-    "RUST_BACKTRACE",
-    "RUST_LIB_BACKTRACE",
-];
-
 fn kas(args: &[&str]) -> std::process::Command {
     let mut cmd = std::process::Command::new(KAS);
-    for var in ENV {
+    for var in kas::ENVIRONMENT_VARIABLES {
         cmd.env_remove(var);
     }
     cmd.args(args).stdin(Stdio::null());
@@ -181,7 +168,7 @@ struct Standalone {
 impl Standalone {
     fn start(work_dir: &Path, dev_dir: &Path) -> Self {
         let mut cmd = tokio::process::Command::new(KAS);
-        for var in ENV {
+        for var in kas::ENVIRONMENT_VARIABLES {
             cmd.env_remove(var);
         }
         let mut child = cmd

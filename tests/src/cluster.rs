@@ -12,13 +12,20 @@ use kas::auth::{Secret, mint_jwt};
 use kas::registry::AgentRegistry;
 use kas::registry::memory::MemoryStore;
 use kas::registry::redis::RedisConfig;
+use kas_proto::kas::KubernetesRequest;
 use kas_proto::kas::kas_api_client::KasApiClient;
 use kas_proto::kas::kas_internal_client::KasInternalClient;
+use kas_proto::kubernetes_api::{HttpFrame, HttpRequestHead, http_frame};
+use kas_proto::tunnel::pb::agent_tunnel_client::AgentTunnelClient;
+use kas_proto::tunnel::pb::{ConfigurationRequest, ConfigurationResponse};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
+use crate::certificates::{Certificate, LOCALHOST_AND_IP};
 use crate::fake_gitlab::{FakeGitlab, GitlabAgent};
 use crate::fake_kube::FakeKube;
 use crate::git_http::{GitHttpServer, GitRepo};
@@ -97,13 +104,8 @@ impl ClusterBuilder {
     /// sends its bearer token only over TLS). The certificate is its own CA.
     pub fn rest_tls(self) -> Self {
         self.configure(|config, dir| {
-            let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
-                .expect("certificate");
-            let certificate_file = dir.join("rest.crt");
-            let key_file = dir.join("rest.key");
-            std::fs::write(&certificate_file, cert.cert.pem()).expect("write cert");
-            std::fs::write(&key_file, cert.signing_key.serialize_pem()).expect("write key");
-            config.listeners.rest.tls = Some(kas::config::TlsConfig { certificate_file, key_file });
+            let files = Certificate::self_signed(LOCALHOST_AND_IP).write(dir, "rest");
+            config.listeners.rest.tls = Some(files.tls_config());
         })
     }
 
@@ -260,6 +262,14 @@ pub struct Cluster {
     /// repository by project id (commit `.gitlab/agents/agent-<id>/config.yaml` to configure).
     pub git: Option<GitHttpServer>,
     pub projects: std::collections::BTreeMap<i64, GitRepo>,
+}
+
+/// Points agent number `index` of a static agents file at a configuration `repository` (in a
+/// [`ClusterBuilder::configure`] edit, with `config.agents.static_file`).
+pub fn set_configuration_repository(agents_file: &std::path::Path, index: usize, repository: String) {
+    let mut file = StaticAgentsFile::load(agents_file).expect("load agents file");
+    file.agents[index].configuration_repository = Some(repository);
+    file.save(agents_file).expect("save agents file");
 }
 
 /// Where the fake GitLab says a project's repository is (`gitaly_repository.gl_project_path`).
@@ -474,5 +484,43 @@ impl Cluster {
 
     pub fn internal_with_token(&self, kas: usize, token: Option<String>) -> InternalClient {
         KasInternalClient::with_interceptor(channel(self.kas[kas].addresses.internal), BearerInterceptor(token))
+    }
+
+    /// Opens a presence stream (GetConfiguration) on kas 0's agent listener as agent
+    /// `agent_id`, as agentk does (a fresh connection id; `commit_id` is the configuration it
+    /// already has). With a configuration repository kas polls it before it answers.
+    pub async fn open_configuration(
+        &self,
+        agent_id: i64,
+        commit_id: &str,
+    ) -> Result<tonic::Streaming<ConfigurationResponse>, tonic::Status> {
+        self.open_configuration_with_token(&self.agent(agent_id).token, commit_id).await
+    }
+
+    /// [`Cluster::open_configuration`] with any token (a revoked or unknown one).
+    pub async fn open_configuration_with_token(
+        &self,
+        token: &str,
+        commit_id: &str,
+    ) -> Result<tonic::Streaming<ConfigurationResponse>, tonic::Status> {
+        let mut client = AgentTunnelClient::new(channel(self.kas[0].addresses.agent));
+        let connection_id = i64::from(rand::random::<u32>()) + 1;
+        let request = ConfigurationRequest { connection_id, commit_id: commit_id.into(), ..Default::default() };
+        client.get_configuration(crate::authorized(request, token)).await.map(tonic::Response::into_inner)
+    }
+
+    /// Opens a watch of pods through kas 0's KasApi for `agent_id` and waits for its response
+    /// head; it streams until the frames are dropped. The sender holds the request open.
+    pub async fn open_watch(&self, agent_id: i64) -> (mpsc::Sender<KubernetesRequest>, tonic::Streaming<HttpFrame>) {
+        let (tx, rx) = mpsc::channel(4);
+        let head =
+            HttpRequestHead { method: "GET".into(), path: "/api/v1/pods?watch=1".into(), headers: Default::default() };
+        let request = KubernetesRequest { agent_id, connection_id: 0, frame: Some(HttpFrame::request_head(head)) };
+        tx.send(request).await.expect("send the request head");
+        let mut frames =
+            self.api(0).make_kubernetes_request(ReceiverStream::new(rx)).await.expect("watch").into_inner();
+        let first = frames.message().await.expect("response head").expect("response head");
+        assert!(matches!(first.frame, Some(http_frame::Frame::ResponseHead(_))), "not a response head: {first:?}");
+        (tx, frames)
     }
 }

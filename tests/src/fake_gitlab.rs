@@ -27,9 +27,10 @@ use axum::routing::get;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use kas::auth::Secret;
 use serde_json::json;
-use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::mpsc;
 use tokio_util::sync::{CancellationToken, DropGuard};
+
+use crate::certificates::{Certificate, LOCALHOST_AND_IP};
+use crate::tls_listener::TlsListener;
 
 /// An agent as GitLab knows it.
 #[derive(Debug, Clone)]
@@ -96,52 +97,24 @@ impl FakeGitlab {
     /// ([`FakeGitlab::tls_handshake_failures`]).
     pub async fn start_tls(secret: &Secret) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
-            .expect("certificate");
-        let ca_pem = cert.cert.pem();
+        let certificate = Certificate::self_signed(LOCALHOST_AND_IP);
+        let ca_pem = certificate.pem();
         let ca_file = dir.path().join("gitlab.crt");
-        let key_file = dir.path().join("gitlab.key");
         std::fs::write(&ca_file, &ca_pem).expect("write cert");
-        std::fs::write(&key_file, cert.signing_key.serialize_pem()).expect("write key");
-        // rustls's server config, built by kas's loader (the tests crate does not depend on
-        // rustls itself); the HTTP serving below is axum's, not kas's.
-        let acceptor =
-            kas::tools::tls::tls_acceptor(&kas::config::TlsConfig { certificate_file: ca_file.clone(), key_file })
-                .expect("fake gitlab TLS config");
+        // HTTP/2 and HTTP/1.1 offered (ALPN), as kas's own HTTPS listeners do.
+        let acceptor = certificate.acceptor(&[b"h2", b"http/1.1"]);
 
         let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind fake gitlab");
         let addr = tcp.local_addr().expect("addr");
         let shared = Shared::new(secret);
         let app = router(&shared);
         let shutdown = CancellationToken::new();
-        let (tx, rx) = mpsc::channel(16);
-        let stop = shutdown.clone();
         let counters = shared.clone();
-        tokio::spawn(async move {
-            loop {
-                let (stream, peer) = tokio::select! {
-                    () = stop.cancelled() => break,
-                    accepted = tcp.accept() => match accepted {
-                        Ok(a) => a,
-                        Err(_) => continue,
-                    },
-                };
-                let (acceptor, tx, counters) = (acceptor.clone(), tx.clone(), counters.clone());
-                tokio::spawn(async move {
-                    match acceptor.accept(stream).await {
-                        Ok(tls) => {
-                            let _ = tx.send((Box::new(tls) as Box<dyn Io>, peer)).await;
-                        }
-                        Err(_) => {
-                            counters.tls_handshake_failures.fetch_add(1, Ordering::SeqCst);
-                        }
-                    }
-                });
-            }
+        let listener = TlsListener::start(tcp, acceptor, shutdown.clone(), move || {
+            counters.tls_handshake_failures.fetch_add(1, Ordering::SeqCst);
         });
         let stop = shutdown.clone();
         tokio::spawn(async move {
-            let listener = TlsListener { handshaken: rx, addr };
             let _ = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await;
         });
         let tls = Tls { ca_pem, ca_file, _dir: dir };
@@ -237,34 +210,6 @@ impl Shared {
 
 fn router(shared: &Arc<Shared>) -> Router {
     Router::new().route("/api/v4/internal/kubernetes/agent_info", get(agent_info)).with_state(shared.clone())
-}
-
-/// A connection after its TLS handshake, type-erased (the tests crate cannot name
-/// `tokio_rustls::server::TlsStream`).
-trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
-
-/// Hands axum the connections whose TLS handshake succeeded.
-struct TlsListener {
-    handshaken: mpsc::Receiver<(Box<dyn Io>, SocketAddr)>,
-    addr: SocketAddr,
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = Box<dyn Io>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.handshaken.recv().await {
-            Some(connection) => connection,
-            // The accept loop stopped: the fake is shutting down.
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.addr)
-    }
 }
 
 fn unauthorized(message: &str) -> Response {

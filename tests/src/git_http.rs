@@ -6,7 +6,6 @@
 //! Also [`GitRepo`]: a bare repository written by the git CLI, with a work tree to commit to it.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
@@ -19,11 +18,11 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use tokio::io::AsyncWriteExt as _;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
-use tokio_rustls::rustls;
-use tokio_rustls::server::TlsStream;
+use tokio::net::TcpListener;
 use tokio_util::sync::{CancellationToken, DropGuard};
+
+use crate::certificates::{Certificate, LOCALHOST_AND_IP};
+use crate::tls_listener::TlsListener;
 
 /// Largest request body passed to `git http-backend` (test fetches are far smaller).
 const MAX_BODY: usize = 64 << 20;
@@ -87,8 +86,9 @@ impl GitHttpServer {
         let stop = shutdown.clone();
         let (url, tls_dir) = if options.tls {
             let dir = tempfile::tempdir().expect("tempdir");
-            let acceptor = tls_acceptor(&dir.path().join("ca.pem"));
-            let tls = TlsListener::start(listener, acceptor, shutdown.clone());
+            let certificate = Certificate::self_signed(LOCALHOST_AND_IP);
+            std::fs::write(dir.path().join("ca.pem"), certificate.pem()).expect("write ca file");
+            let tls = TlsListener::start(listener, certificate.acceptor(&[]), shutdown.clone(), || {});
             tokio::spawn(async move {
                 let _ = axum::serve(tls, app).with_graceful_shutdown(stop.cancelled_owned()).await;
             });
@@ -161,63 +161,6 @@ fn git_command() -> tokio::process::Command {
     let mut cmd = std::process::Command::new(git_binary());
     hermetic_git(&mut cmd);
     cmd.into()
-}
-
-/// A self-signed certificate for `localhost` and `127.0.0.1`, its PEM written to `ca_file`.
-fn tls_acceptor(ca_file: &Path) -> tokio_rustls::TlsAcceptor {
-    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned(), "127.0.0.1".to_owned()]).unwrap();
-    std::fs::write(ca_file, cert.cert.pem()).expect("write ca file");
-    let key = rustls::pki_types::PrivatePkcs8KeyDer::from(cert.signing_key.serialize_der());
-    // The provider explicitly: the process-wide default may be unset (or ambiguous).
-    let config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(vec![cert.cert.der().clone()], key.into())
-        .unwrap();
-    tokio_rustls::TlsAcceptor::from(Arc::new(config))
-}
-
-/// Connections whose TLS handshakes are done in their own tasks, so a slow or failing client
-/// (e.g. one rejecting the certificate) never holds up the others.
-struct TlsListener {
-    connections: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
-    addr: SocketAddr,
-}
-
-impl TlsListener {
-    fn start(tcp: TcpListener, acceptor: tokio_rustls::TlsAcceptor, stop: CancellationToken) -> Self {
-        let addr = tcp.local_addr().expect("addr");
-        let (tx, connections) = mpsc::channel(16);
-        tokio::spawn(async move {
-            while let Some(accepted) = stop.run_until_cancelled(tcp.accept()).await {
-                let Ok((stream, peer)) = accepted else { continue };
-                let (acceptor, tx, stop) = (acceptor.clone(), tx.clone(), stop.clone());
-                tokio::spawn(async move {
-                    if let Some(Ok(tls)) = stop.run_until_cancelled(acceptor.accept(stream)).await {
-                        let _ = tx.send((tls, peer)).await;
-                    }
-                });
-            }
-        });
-        Self { connections, addr }
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.connections.recv().await {
-            Some(connection) => connection,
-            None => std::future::pending().await, // stopped: graceful shutdown ends the server
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.addr)
-    }
 }
 
 fn header_str(headers: &HeaderMap, name: HeaderName) -> Option<&str> {

@@ -2,6 +2,7 @@
 //! ephemeral ports, a fake Kubernetes API server, and helpers to call kas the way GitLab does.
 
 pub mod captured_logs;
+pub mod certificates;
 pub mod cluster;
 pub mod fake_gitlab;
 pub mod fake_kube;
@@ -9,7 +10,10 @@ pub mod fault_proxy;
 pub mod git_http;
 pub mod process;
 pub mod redis_server;
+pub mod registry_conformance;
 pub mod slow_client;
+pub mod tls_listener;
+pub mod unconnectable;
 
 pub use captured_logs::CapturedLogs;
 pub use cluster::{AgentkHandle, Cluster, ClusterBuilder, KasHandle};
@@ -19,6 +23,7 @@ pub use fault_proxy::{FaultProxy, ProxyTarget};
 pub use git_http::{GitHttpOptions, GitHttpServer, GitRepo};
 pub use process::{KasProcess, Process, workspace_binary};
 pub use redis_server::RedisServer;
+pub use unconnectable::Unconnectable;
 
 /// How long `eventually!` waits before failing a test.
 pub const EVENTUALLY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
@@ -73,4 +78,11 @@ pub fn authorized<T>(msg: T, token: &str) -> tonic::Request<T> {
         r.metadata_mut().insert("authorization", v);
     }
     r
+}
+
+/// One HTTP GET: (status code, body).
+pub async fn http_get(url: &str) -> (u16, String) {
+    let response = reqwest::get(url).await.unwrap_or_else(|e| panic!("GET {url}: {e}"));
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap_or_else(|e| panic!("body of GET {url}: {e}")))
 }

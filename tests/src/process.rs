@@ -19,28 +19,13 @@ pub const LOG_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a process gets to exit after SIGTERM.
 pub const EXIT_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// Environment variables kas and agentk read; removed from children so the caller's shell
-/// cannot change what a test runs.
-const PRODUCT_ENV: &[&str] = &[
-    "KAS_CONFIG",
-    "KAS_DEV_DIR",
-    "KAS_AGENT_ADDRESS",
-    "KAS_API_ADDRESS",
-    "KAS_INTERNAL_ADDRESS",
-    "KAS_REST_ADDRESS",
-    "KAS_OBSERVABILITY_ADDRESS",
-    "KAS_LOG",
-    "KAS_LOG_FORMAT",
-    "KAS_REDIS_URL",
-    "AGENTK_KAS_ADDRESS",
-    "AGENTK_TOKEN_FILE",
-    "AGENTK_CA_CERT_FILE",
-    "AGENTK_LOG",
-    "AGENTK_OBSERVABILITY_ADDRESS",
-    "KUBECONFIG",
-    "POD_NAME",
-    "POD_NAMESPACE",
-];
+/// Removes the environment variables kas and agentk read from a child's environment, so the
+/// caller's shell cannot change what a test runs.
+fn clear_product_environment(cmd: &mut Command) {
+    for var in kas::ENVIRONMENT_VARIABLES.iter().chain(agentk::ENVIRONMENT_VARIABLES) {
+        cmd.env_remove(var);
+    }
+}
 
 /// A workspace binary (`kas`, `agentk`) built next to the running test executable.
 ///
@@ -110,9 +95,7 @@ fn newest_file(root: &Path) -> Option<(PathBuf, std::time::SystemTime)> {
 /// A `Command` for a workspace binary with the product's environment variables cleared.
 pub fn command(name: &str) -> Command {
     let mut cmd = Command::new(workspace_binary(name));
-    for var in PRODUCT_ENV {
-        cmd.env_remove(var);
-    }
+    clear_product_environment(&mut cmd);
     cmd.kill_on_drop(true);
     cmd
 }
@@ -326,9 +309,7 @@ pub async fn start_kas_with_config_and_fd_limit(
     hard: u64,
 ) -> ConfiguredKas {
     let mut cmd = Command::new("sh");
-    for var in PRODUCT_ENV {
-        cmd.env_remove(var);
-    }
+    clear_product_environment(&mut cmd);
     cmd.arg("-c")
         .arg(format!("ulimit -Sn {soft} && ulimit -Hn {hard} && exec \"$0\" \"$@\""))
         .arg(workspace_binary("kas"));
@@ -396,4 +377,31 @@ pub async fn mint_jwt_with_cli(secret_file: &Path, extra: &[&str]) -> String {
     let token = String::from_utf8(out.stdout).expect("utf-8 token").trim().to_owned();
     assert_eq!(token.split('.').count(), 3, "not a JWT: {token:?}");
     token
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    /// Each binary's list is every variable its `--help` names plus those its libraries read:
+    /// a flag given a variable (or losing one) without the list changing fails here.
+    #[tokio::test]
+    async fn the_environment_lists_are_the_variables_of_the_flags_and_libraries() {
+        let kubernetes_service = ["KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"];
+        let cases = [
+            ("kas", kas::ENVIRONMENT_VARIABLES, &[][..]),
+            ("agentk", agentk::ENVIRONMENT_VARIABLES, &kubernetes_service[..]),
+        ];
+        for (name, list, libraries) in cases {
+            let out = super::command(name).arg("--help").output().await.unwrap();
+            assert!(out.status.success(), "{name} --help: {}", String::from_utf8_lossy(&out.stderr));
+            let help = String::from_utf8_lossy(&out.stdout);
+            // clap prints `[env: NAME=]` after the help of a flag read from the environment.
+            let mut expected: BTreeSet<&str> =
+                help.split("[env: ").skip(1).filter_map(|s| s.split('=').next()).collect();
+            expected.extend(["RUST_BACKTRACE", "RUST_LIB_BACKTRACE"]);
+            expected.extend(libraries);
+            assert_eq!(list.iter().copied().collect::<BTreeSet<_>>(), expected, "{name}:\n{help}");
+        }
+    }
 }

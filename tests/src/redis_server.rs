@@ -8,6 +8,8 @@ use std::process::Stdio;
 
 use tokio::process::{Child, Command};
 
+use crate::certificates::{Certificate, CertificateFiles};
+
 pub struct RedisServer {
     dir: tempfile::TempDir,
     child: Option<Child>,
@@ -31,10 +33,8 @@ impl RedisServer {
     /// `localhost` (the returned PEM is its own CA). Plain clients still use the unix socket.
     pub async fn start_tls() -> (Self, u16, Vec<u8>) {
         let dir = tempfile::tempdir().expect("tempdir");
-        let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("cert");
-        let (cert_file, key_file) = (dir.path().join("redis.crt"), dir.path().join("redis.key"));
-        std::fs::write(&cert_file, cert.cert.pem()).expect("write");
-        std::fs::write(&key_file, cert.signing_key.serialize_pem()).expect("write");
+        let certificate = Certificate::self_signed(&["localhost"]);
+        let CertificateFiles { certificate_file: cert_file, key_file } = certificate.write(dir.path(), "redis");
         // Redis serves TLS only on TCP: a free port picked by the OS (not a fixed one).
         let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
         let path = |p: &std::path::Path| p.display().to_string();
@@ -54,7 +54,7 @@ impl RedisServer {
         ];
         let mut server = Self { dir, child: None, extra_args, password: None };
         server.start_again().await;
-        (server, port, cert.cert.pem().into_bytes())
+        (server, port, certificate.pem().into_bytes())
     }
 
     /// A server that requires this password (`requirepass`) from every client.

@@ -8,10 +8,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use kas_e2e::{Cluster, eventually};
+use kas_e2e::{Cluster, Unconnectable, eventually};
 use kas_proto::kas::KubernetesRequest;
 use kas_proto::kubernetes_api::{HttpFrame, HttpRequestHead};
-use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -21,27 +21,6 @@ async fn silent_api_server() -> (TcpListener, String) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     (listener, url)
-}
-
-/// An "API server" whose accept queue is full: new connection attempts get no SYN-ACK (Linux
-/// drops the SYN), so connecting hangs. Returns the listener and the connections filling it.
-async fn unreachable_api_server() -> (TcpListener, Vec<TcpStream>, String) {
-    let socket = TcpSocket::new_v4().unwrap();
-    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
-    let listener = socket.listen(1).unwrap();
-    let addr = listener.local_addr().unwrap();
-    let mut filling = Vec::new();
-    // The queue holds backlog + 1 connections; the first connect that does not complete within
-    // a second shows it is full.
-    loop {
-        match tokio::time::timeout(Duration::from_secs(1), TcpStream::connect(addr)).await {
-            Ok(Ok(s)) => filling.push(s),
-            Ok(Err(e)) => panic!("connect: {e}"),
-            Err(_) => break,
-        }
-        assert!(filling.len() < 64, "the accept queue never filled");
-    }
-    (listener, filling, format!("http://{addr}"))
 }
 
 fn kube_config(url: &str) -> agentk::KubeSource {
@@ -101,7 +80,8 @@ async fn an_api_server_that_never_answers_costs_a_504_status_after_the_response_
 #[tokio::test]
 async fn an_api_server_that_never_accepts_costs_a_504_status_after_the_connect_timeout() {
     let c = Cluster::builder().start().await;
-    let (_server, _filling, url) = unreachable_api_server().await;
+    let unconnectable = Unconnectable::bind().await;
+    let url = format!("http://{}", unconnectable.address());
     let a = agentk_against(&c, &url, |config| config.kube_api_connect_timeout = Duration::from_millis(500)).await;
     proxied_get_is_a_504_timeout(&c, "connect").await;
     eventually!(a.status.pool.borrow().in_use == 0, "the tunnel is free again");
@@ -251,20 +231,6 @@ async fn a_body_over_the_limit_is_413_and_no_byte_of_it_reaches_the_api_server()
     assert_eq!(bodies.last().unwrap().body, pod.as_bytes());
 }
 
-/// Opens a watch through KasApi and waits for its response head; it streams until dropped.
-async fn open_watch(c: &Cluster) -> tonic::Streaming<HttpFrame> {
-    let (tx, rx) = mpsc::channel(1);
-    let head =
-        HttpRequestHead { method: "GET".into(), path: "/api/v1/pods?watch=1".into(), headers: Default::default() };
-    tx.send(KubernetesRequest { agent_id: 1, connection_id: 0, frame: Some(HttpFrame::request_head(head)) })
-        .await
-        .unwrap();
-    drop(tx);
-    let mut frames = c.api(0).make_kubernetes_request(ReceiverStream::new(rx)).await.unwrap().into_inner();
-    assert!(frames.message().await.unwrap().is_some(), "response head");
-    frames
-}
-
 #[tokio::test]
 async fn idle_tunnels_shrink_back_to_the_target_after_a_burst() {
     let c = Cluster::builder()
@@ -280,7 +246,7 @@ async fn idle_tunnels_shrink_back_to_the_target_after_a_burst() {
     // A burst of 16 concurrent streams: the idle target follows it, 16 idle tunnels open.
     let mut watches = Vec::new();
     for _ in 0..16 {
-        watches.push(open_watch(&c).await);
+        watches.push(c.open_watch(1).await.1);
     }
     eventually!(a.status.pool.borrow().idle >= 16, "idle tunnels grew: {:?}", *a.status.pool.borrow());
     drop(watches);

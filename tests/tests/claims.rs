@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use kas::agent::AgentConfigDocument;
+use kas_e2e::certificates::localhost_tls;
 use kas_e2e::{Cluster, eventually};
 use kas_proto::kas::kas_api_client::KasApiClient;
 use kas_proto::kas::{ConnectedAgentsByIdRequest, GetPodsRequest, KubernetesRequest};
@@ -94,24 +95,12 @@ async fn kubernetes_api_disabled_in_the_agent_configuration_refuses_with_a_403_s
     assert!(!text.contains("web-1"), "the API server was reached: {text}");
 }
 
-/// A self-signed certificate for `localhost`, written as PEM files into `dir`.
-fn write_cert(dir: &std::path::Path, name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
-    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
-    let (cert_file, key_file) = (dir.join(format!("{name}.crt")), dir.join(format!("{name}.key")));
-    std::fs::write(&cert_file, cert.cert.pem()).unwrap();
-    std::fs::write(&key_file, cert.signing_key.serialize_pem()).unwrap();
-    (cert_file, key_file)
-}
-
 /// README "Listeners": `listeners.api.tls` makes the api listener serve TLS; a client trusting the
 /// certificate calls KasApi, plaintext is refused at the transport.
 #[tokio::test]
 async fn the_api_listener_serves_tls_when_configured() {
     let c = Cluster::builder()
-        .configure(|config, dir| {
-            let (certificate_file, key_file) = write_cert(dir, "api");
-            config.listeners.api.tls = Some(kas::config::TlsConfig { certificate_file, key_file });
-        })
+        .configure(|config, dir| config.listeners.api.tls = Some(localhost_tls(dir, "api")))
         .start()
         .await;
     let _a = c.start_agentk(1, 0, "agentk-0").await;

@@ -5,10 +5,9 @@
 
 use std::time::Duration;
 
-use kas::auth::agent_token::StaticAgentsFile;
+use kas_e2e::cluster::set_configuration_repository;
 use kas_e2e::{Cluster, GitHttpOptions, GitHttpServer, GitRepo, eventually};
-use kas_proto::tunnel::pb::agent_tunnel_client::AgentTunnelClient;
-use kas_proto::tunnel::pb::{ConfigurationRequest, ConfigurationResponse};
+use kas_proto::tunnel::pb::ConfigurationResponse;
 use tonic::Code;
 
 const CONFIG: &str = ".gitlab/agents/agent-1/config.yaml";
@@ -17,34 +16,8 @@ fn logging(level: &str) -> Vec<u8> {
     format!("observability:\n  logging:\n    level: {level}\n").into_bytes()
 }
 
-/// Points agent `index` of the cluster's static agents file at `repository`.
-fn set_repository(path: &std::path::Path, index: usize, repository: String) {
-    let mut file = StaticAgentsFile::load(path).unwrap();
-    file.agents[index].configuration_repository = Some(repository);
-    file.save(path).unwrap();
-}
-
 fn level(r: &ConfigurationResponse) -> String {
     r.configuration.clone().unwrap().observability.unwrap().logging.unwrap().level
-}
-
-async fn presence(c: &Cluster, commit_id: &str) -> Result<tonic::Streaming<ConfigurationResponse>, tonic::Status> {
-    presence_of(c, 1, commit_id).await
-}
-
-/// Opens a presence stream (GetConfiguration) as agent `agent_id`, as agentk does.
-async fn presence_of(
-    c: &Cluster,
-    agent_id: i64,
-    commit_id: &str,
-) -> Result<tonic::Streaming<ConfigurationResponse>, tonic::Status> {
-    let mut client = AgentTunnelClient::new(kas_e2e::cluster::channel(c.kas[0].addresses.agent));
-    let connection_id = i64::from(rand::random::<u32>()) + 1;
-    let request = ConfigurationRequest { connection_id, commit_id: commit_id.into(), ..Default::default() };
-    client
-        .get_configuration(kas_e2e::authorized(request, &c.agent(agent_id).token))
-        .await
-        .map(tonic::Response::into_inner)
 }
 
 #[tokio::test]
@@ -55,7 +28,7 @@ async fn configuration_follows_the_default_branch_and_invalid_files_fail_precond
     let c = Cluster::builder()
         .configure(move |config, _| {
             config.agents.configuration_poll_period = Duration::from_millis(100);
-            set_repository(config.agents.static_file.as_ref().unwrap(), 0, bare.display().to_string());
+            set_configuration_repository(config.agents.static_file.as_ref().unwrap(), 0, bare.display().to_string());
         })
         .start()
         .await;
@@ -69,7 +42,7 @@ async fn configuration_follows_the_default_branch_and_invalid_files_fail_precond
     assert_eq!(level(a.status.configuration.borrow().as_ref().unwrap()), "warn");
 
     // An agent that has the current commit is sent nothing, poll after poll.
-    let mut current = presence(&c, &second).await.unwrap();
+    let mut current = c.open_configuration(1, &second).await.unwrap();
     assert!(
         tokio::time::timeout(Duration::from_millis(500), current.message()).await.is_err(),
         "unchanged commit resent"
@@ -81,7 +54,7 @@ async fn configuration_follows_the_default_branch_and_invalid_files_fail_precond
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
     assert!(e.message().contains(CONFIG) && e.message().contains(&third), "{e:?}");
     assert!(e.message().contains("unknown field `loging`"), "{e:?}");
-    let e = presence(&c, "").await.unwrap_err();
+    let e = c.open_configuration(1, "").await.unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
 
     // agentk keeps its last good configuration while it cannot reconnect.
@@ -120,9 +93,9 @@ async fn remote_repository_over_https_with_credentials() {
             config.agents.git.password_file = Some(password_file);
             config.agents.git.ca_cert_file = Some(ca);
             let agents = config.agents.static_file.as_ref().unwrap();
-            set_repository(agents, 0, url.clone());
+            set_configuration_repository(agents, 0, url.clone());
             // Agent 2's repository does not exist on the server.
-            set_repository(agents, 1, url.replace("agents.git", "missing.git"));
+            set_configuration_repository(agents, 1, url.replace("agents.git", "missing.git"));
         })
         .start()
         .await;
@@ -137,7 +110,7 @@ async fn remote_repository_over_https_with_credentials() {
     assert_eq!(level(a.status.configuration.borrow().as_ref().unwrap()), "warn");
 
     // A repository kas cannot fetch: UNAVAILABLE naming it (agentk retries), no secret in it.
-    let e = presence_of(&c, 2, "").await.unwrap_err();
+    let e = c.open_configuration(2, "").await.unwrap_err();
     assert_eq!(e.code(), Code::Unavailable, "{e:?}");
     assert!(e.message().contains("missing.git"), "{e:?}");
     assert!(!e.message().contains(&password), "{e:?}");
@@ -174,23 +147,23 @@ async fn remote_repository_failures_are_unavailable_and_explained() {
         .agents(&[(1, 1), (2, 1), (3, 1)])
         .configure(move |config, _| {
             let agents = config.agents.static_file.as_ref().unwrap();
-            set_repository(agents, 0, format!("{a}/group/agents.git"));
-            set_repository(agents, 1, format!("{b}/group/agents.git"));
-            set_repository(agents, 2, format!("{m}/group/agents.git"));
+            set_configuration_repository(agents, 0, format!("{a}/group/agents.git"));
+            set_configuration_repository(agents, 1, format!("{b}/group/agents.git"));
+            set_configuration_repository(agents, 2, format!("{m}/group/agents.git"));
         })
         .start()
         .await;
-    let e = presence_of(&c, 1, "").await.unwrap_err();
+    let e = c.open_configuration(1, "").await.unwrap_err();
     assert_eq!(e.code(), Code::Unavailable, "{e:?}");
     assert!(e.message().contains("/group/agents.git") && e.message().contains("certificate"), "{e:?}");
     assert_eq!(untrusted.upload_pack_posts(), 0);
 
-    let e = presence_of(&c, 2, "").await.unwrap_err();
+    let e = c.open_configuration(2, "").await.unwrap_err();
     assert_eq!(e.code(), Code::Unavailable, "{e:?}");
     assert!(e.message().contains("agents.git.password_file"), "{e:?}");
     assert_eq!(protected.upload_pack_posts(), 0);
 
-    let e = presence_of(&c, 3, "").await.unwrap_err();
+    let e = c.open_configuration(3, "").await.unwrap_err();
     assert_eq!(e.code(), Code::Unavailable, "{e:?}");
     assert!(moved.requests() > 0);
     assert_eq!(target.requests(), 0, "the redirect was not followed: {e:?}");
@@ -221,7 +194,7 @@ async fn gitlab_mode_reads_the_agents_project_repository() {
     // An invalid file in the project fails the same way as everywhere.
     project.commit(CONFIG, b"observability: {logging: {level: info, colour: red}}\n");
     eventually!(
-        matches!(presence(&c, "").await, Err(e) if e.code() == Code::FailedPrecondition
+        matches!(c.open_configuration(1, "").await, Err(e) if e.code() == Code::FailedPrecondition
             && e.message().contains("unknown field `colour`")),
         "invalid file reported"
     );
@@ -251,26 +224,26 @@ async fn polls_are_shared_per_repository_and_rate_limited() {
             // The retry loop below opens many presence streams.
             config.limits.agent_connections_per_minute = 100_000;
             let agents = config.agents.static_file.as_ref().unwrap();
-            set_repository(agents, 0, format!("{base}/group/shared.git"));
-            set_repository(agents, 1, format!("{base}/group/shared.git"));
-            set_repository(agents, 2, format!("{base}/group/other.git"));
+            set_configuration_repository(agents, 0, format!("{base}/group/shared.git"));
+            set_configuration_repository(agents, 1, format!("{base}/group/shared.git"));
+            set_configuration_repository(agents, 2, format!("{base}/group/other.git"));
         })
         .start()
         .await;
-    let first = presence_of(&c, 1, "").await.unwrap().message().await.unwrap().unwrap();
+    let first = c.open_configuration(1, "").await.unwrap().message().await.unwrap().unwrap();
     assert_eq!(level(&first), "debug");
     let fetched = git.upload_pack_posts();
     assert!(fetched > 0);
     // That poll took the bucket's one token (1 per second, burst 1): another repository's poll
     // right after is refused without reaching the Git server.
-    let e = presence_of(&c, 3, "").await.unwrap_err();
+    let e = c.open_configuration(3, "").await.unwrap_err();
     assert_eq!(e.code(), Code::Unavailable, "{e:?}");
     assert!(e.message().contains("rate limited"), "{e:?}");
     assert_eq!(git.upload_pack_posts(), fetched);
 
     // Four more connections of two agents of the shared project, at once: served from the
     // shared poll, no new fetch and no token needed.
-    let streams = futures::future::join_all((0..4).map(|i| presence_of(&c, 1 + (i % 2), ""))).await;
+    let streams = futures::future::join_all((0..4).map(|i| c.open_configuration(1 + (i % 2), ""))).await;
     let mut levels = Vec::new();
     for s in streams {
         levels.push(level(&s.unwrap().message().await.unwrap().unwrap()));
@@ -280,5 +253,5 @@ async fn polls_are_shared_per_repository_and_rate_limited() {
     assert_eq!(git.upload_pack_posts(), fetched, "one fetch for the shared repository");
 
     // The refused repository is served once the bucket refills (failures are not reused).
-    eventually!(presence_of(&c, 3, "").await.is_ok(), "served after the refill");
+    eventually!(c.open_configuration(3, "").await.is_ok(), "served after the refill");
 }

@@ -7,11 +7,8 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use kas::auth::agent_token::StaticAgentsFile;
-use kas_e2e::{Cluster, FaultProxy, GitHttpServer, GitRepo, eventually};
-use kas_proto::tunnel::pb::agent_tunnel_client::AgentTunnelClient;
-use kas_proto::tunnel::pb::{ConfigurationRequest, ConfigurationResponse};
-use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use kas_e2e::cluster::set_configuration_repository;
+use kas_e2e::{Cluster, FaultProxy, GitHttpServer, GitRepo, Unconnectable, eventually};
 use tonic::Code;
 
 const CONFIG: &str = ".gitlab/agents/agent-1/config.yaml";
@@ -21,48 +18,13 @@ const TIMEOUT: Duration = Duration::from_secs(1);
 /// machine), far below the defaults (10 s connect, 30 s fetch) and a hung server (forever).
 const BOUND: Duration = Duration::from_secs(8);
 
-fn set_repository(path: &std::path::Path, repository: String) {
-    let mut file = StaticAgentsFile::load(path).unwrap();
-    file.agents[0].configuration_repository = Some(repository);
-    file.save(path).unwrap();
-}
-
-/// GetConfiguration as agentk opens it; kas polls the repository before it answers.
-async fn presence(c: &Cluster) -> Result<tonic::Streaming<ConfigurationResponse>, tonic::Status> {
-    let mut client = AgentTunnelClient::new(kas_e2e::cluster::channel(c.kas[0].addresses.agent));
-    let connection_id = i64::from(rand::random::<u32>()) + 1;
-    let request = ConfigurationRequest { connection_id, ..Default::default() };
-    client.get_configuration(kas_e2e::authorized(request, &c.agent(1).token)).await.map(tonic::Response::into_inner)
-}
-
 /// Times a GetConfiguration that must fail; gives up at 60 s so a hang is a failure, not a stuck test.
 async fn failing_presence(c: &Cluster) -> (tonic::Status, Duration) {
     let started = Instant::now();
-    let r = tokio::time::timeout(Duration::from_secs(60), presence(c)).await;
+    let r = tokio::time::timeout(Duration::from_secs(60), c.open_configuration(1, "")).await;
     let elapsed = started.elapsed();
     let e = r.unwrap_or_else(|_| panic!("no answer after {elapsed:?}")).expect_err("the poll succeeded");
     (e, elapsed)
-}
-
-/// A listener whose accept queue is full: the kernel drops further SYNs, so a connect to it
-/// hangs (as to a host that is down or firewalled) rather than being refused. The returned
-/// listener is never accepted from; the streams hold its queue full.
-async fn unconnectable() -> (SocketAddr, TcpListener, Vec<TcpStream>) {
-    let socket = TcpSocket::new_v4().unwrap();
-    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
-    let address = socket.local_addr().unwrap();
-    let listener = socket.listen(0).unwrap();
-    let mut held = Vec::new();
-    loop {
-        match tokio::time::timeout(Duration::from_millis(500), TcpStream::connect(address)).await {
-            Ok(Ok(s)) => held.push(s),
-            Ok(Err(e)) => panic!("connect: {e}"),
-            // This one hangs: the queue is full.
-            Err(_) => break,
-        }
-        assert!(held.len() < 16, "the accept queue never filled");
-    }
-    (address, listener, held)
 }
 
 /// The presence stream fails UNAVAILABLE, naming the repository, the cause and the setting with
@@ -79,15 +41,15 @@ async fn failed_by_timeout(c: &Cluster, url: &str, cause: &str, setting: &str) {
 
 #[tokio::test]
 async fn a_git_server_that_never_accepts_fails_the_poll_after_connect_timeout() {
-    let (address, _listener, _held) = unconnectable().await;
-    let url = format!("http://{address}/group/agents.git");
+    let unconnectable = Unconnectable::bind().await;
+    let url = format!("http://{}/group/agents.git", unconnectable.address());
     let shown = url.clone();
     let c = Cluster::builder()
         .configure(move |config, _| {
             config.agents.git.connect_timeout = TIMEOUT;
             // Long, so only the connect timeout can end the poll within BOUND.
             config.agents.git.fetch_timeout = Duration::from_secs(120);
-            set_repository(config.agents.static_file.as_ref().unwrap(), url);
+            set_configuration_repository(config.agents.static_file.as_ref().unwrap(), 0, url);
         })
         .start()
         .await;
@@ -108,7 +70,7 @@ async fn a_git_server_that_never_answers_fails_the_poll_after_fetch_timeout() {
     let c = Cluster::builder()
         .configure(move |config, _| {
             config.agents.git.fetch_timeout = TIMEOUT;
-            set_repository(config.agents.static_file.as_ref().unwrap(), url);
+            set_configuration_repository(config.agents.static_file.as_ref().unwrap(), 0, url);
         })
         .start()
         .await;
@@ -118,5 +80,5 @@ async fn a_git_server_that_never_answers_fails_the_poll_after_fetch_timeout() {
 
     // The server answering again: the next poll succeeds (nothing stuck behind the timed-out one).
     proxy.resume();
-    eventually!(presence(&c).await.is_ok(), "served once the server answers");
+    eventually!(c.open_configuration(1, "").await.is_ok(), "served once the server answers");
 }

@@ -8,18 +8,7 @@ use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use kas::auth::Secret;
 use kas_e2e::{Cluster, eventually};
 use kas_proto::kas::GetPodsRequest;
-use kas_proto::tunnel::pb::agent_tunnel_client::AgentTunnelClient;
-use kas_proto::tunnel::pb::{ConfigurationRequest, ConfigurationResponse};
 use tonic::Code;
-
-/// Opens a presence stream (GetConfiguration) with `token`, as agentk does, on kas 0.
-async fn presence(c: &Cluster, token: &str) -> Result<tonic::Streaming<ConfigurationResponse>, tonic::Status> {
-    let mut client = AgentTunnelClient::new(kas_e2e::cluster::channel(c.kas[0].addresses.agent));
-    let connection_id = i64::from(rand::random::<u32>()) + 1;
-    let mut r = tonic::Request::new(ConfigurationRequest { connection_id, ..Default::default() });
-    r.metadata_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
-    client.get_configuration(r).await.map(tonic::Response::into_inner)
-}
 
 fn gitlab(c: &Cluster) -> &kas_e2e::FakeGitlab {
     c.gitlab.as_ref().unwrap()
@@ -40,11 +29,11 @@ async fn agent_verified_by_gitlab_serves_get_pods_and_is_cached() {
     // A second connection of the same agent within the TTL: no new GitLab request.
     let b = c.start_agentk(1, 0, "agentk-1").await;
     assert_ne!(a.connection_id(), b.connection_id());
-    presence(&c, &c.agent(1).token).await.unwrap();
+    c.open_configuration(1, "").await.unwrap();
     assert_eq!(gitlab(&c).requests(), 1);
 
     // A token GitLab does not know.
-    let e = presence(&c, "not-a-token").await.unwrap_err();
+    let e = c.open_configuration_with_token("not-a-token", "").await.unwrap_err();
     assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
     assert!(e.message().contains("invalid agent token"), "{e:?}");
     assert!(!e.message().contains("not-a-token"));
@@ -63,7 +52,7 @@ async fn concurrent_verifications_of_one_token_make_one_gitlab_request() {
     let c = Cluster::builder().gitlab().start().await;
     gitlab(&c).set_delay(Duration::from_millis(300));
     let token = c.agent(1).token.clone();
-    let streams = futures::future::join_all((0..20).map(|_| presence(&c, &token))).await;
+    let streams = futures::future::join_all((0..20).map(|_| c.open_configuration_with_token(&token, ""))).await;
     for s in streams {
         s.unwrap();
     }
@@ -82,10 +71,10 @@ async fn revoked_token_is_rejected_after_the_cache_ttl() {
         .await;
     let _a = c.start_agentk(1, 0, "agentk-0").await;
     let token = c.agent(1).token.clone();
-    presence(&c, &token).await.unwrap();
+    c.open_configuration_with_token(&token, "").await.unwrap();
     gitlab(&c).revoke(&token);
     eventually!(
-        presence(&c, &token).await.is_err_and(|e| e.code() == Code::Unauthenticated),
+        c.open_configuration_with_token(&token, "").await.is_err_and(|e| e.code() == Code::Unauthenticated),
         "the revoked token is rejected once its cache entry expired"
     );
     // And a new agentk with it never becomes ready.
@@ -99,7 +88,7 @@ async fn revoked_token_is_rejected_after_the_cache_ttl() {
 async fn forbidden_token_is_permission_denied() {
     let c = Cluster::builder().gitlab().start().await;
     gitlab(&c).forbid(&c.agent(1).token);
-    let e = presence(&c, &c.agent(1).token).await.unwrap_err();
+    let e = c.open_configuration(1, "").await.unwrap_err();
     assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
     assert!(e.message().contains("403"), "{e:?}");
 }
@@ -108,14 +97,14 @@ async fn forbidden_token_is_permission_denied() {
 async fn failing_gitlab_is_unavailable_and_errors_are_cached_briefly() {
     let c = Cluster::builder().agents(&[(1, 10), (2, 10)]).gitlab().start().await;
     gitlab(&c).fail_with(Some(axum::http::StatusCode::INTERNAL_SERVER_ERROR));
-    let e = presence(&c, &c.agent(1).token).await.unwrap_err();
+    let e = c.open_configuration(1, "").await.unwrap_err();
     assert_eq!(e.code(), Code::Unavailable, "{e:?}");
     assert!(e.message().contains("GitLab is unavailable: agent_info answered HTTP 500"), "{e:?}");
     gitlab(&c).fail_with(None);
-    presence(&c, &c.agent(2).token).await.unwrap();
+    c.open_configuration(2, "").await.unwrap();
     // Agent 1's failure is remembered for gitlab.agent_info_cache.error_ttl (10 s by default).
     let before = gitlab(&c).requests();
-    assert_eq!(presence(&c, &c.agent(1).token).await.unwrap_err().code(), Code::Unavailable);
+    assert_eq!(c.open_configuration(1, "").await.unwrap_err().code(), Code::Unavailable);
     assert_eq!(gitlab(&c).requests(), before);
 }
 
@@ -127,7 +116,7 @@ async fn unreachable_gitlab_is_unavailable() {
     closed.bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let address = format!("http://{}", closed.local_addr().unwrap());
     let c = Cluster::builder().gitlab().configure(move |config, _| config.gitlab.address = Some(address)).start().await;
-    let e = presence(&c, &c.agent(1).token).await.unwrap_err();
+    let e = c.open_configuration(1, "").await.unwrap_err();
     assert_eq!(e.code(), Code::Unavailable, "{e:?}");
     assert!(e.message().contains("cannot connect to GitLab"), "{e:?}");
     assert!(!e.message().contains(&c.agent(1).token));
@@ -144,7 +133,7 @@ async fn kas_signing_with_the_wrong_secret_is_rejected_by_gitlab() {
         })
         .start()
         .await;
-    let e = presence(&c, &c.agent(1).token).await.unwrap_err();
+    let e = c.open_configuration(1, "").await.unwrap_err();
     assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
     assert_eq!(gitlab(&c).jwt_rejections(), 1);
 }
@@ -196,7 +185,7 @@ async fn gitlab_over_tls_with_a_custom_ca_verifies_agents() {
     assert_eq!(c.config.gitlab.ca_cert_file.as_deref(), fake.ca_file());
     assert!(fake.ca_pem().unwrap().contains("BEGIN CERTIFICATE"));
     // Fails fast (with kas's reason) if kas does not trust the certificate.
-    presence(&c, &c.agent(1).token).await.unwrap();
+    c.open_configuration(1, "").await.unwrap();
     c.kube.add_pod("default", "web-1");
     let _a = c.start_agentk(1, 0, "agentk-0").await;
     let pods = c.api(0).get_pods(GetPodsRequest { agent_id: 1, connection_id: 0 }).await.unwrap().into_inner().pods;
@@ -206,7 +195,7 @@ async fn gitlab_over_tls_with_a_custom_ca_verifies_agents() {
     assert_eq!(fake.jwt_rejections(), 0);
     assert_eq!(fake.tls_handshake_failures(), 0);
     // Unknown tokens get GitLab's answer over TLS too.
-    let e = presence(&c, "not-a-token").await.unwrap_err();
+    let e = c.open_configuration_with_token("not-a-token", "").await.unwrap_err();
     assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
     assert_eq!(fake.requests(), 2);
 }
@@ -219,7 +208,7 @@ async fn gitlab_over_tls_without_its_ca_is_unavailable() {
     assert!(c.config.gitlab.ca_cert_file.is_none());
     let fake = gitlab(&c);
     let token = &c.agent(1).token;
-    let e = presence(&c, token).await.unwrap_err();
+    let e = c.open_configuration_with_token(token, "").await.unwrap_err();
     assert_eq!(e.code(), Code::Unavailable, "{e:?}");
     assert!(e.message().starts_with("GitLab is unavailable: "), "{e:?}");
     assert!(e.message().to_lowercase().contains("certificate"), "{e:?}");
@@ -248,7 +237,7 @@ async fn gitlab_redirects_are_not_followed() {
     let path = "/api/v4/internal/kubernetes/agent_info";
     fake.redirect_to(Some((StatusCode::FOUND, format!("{}{path}", other.url()))));
     let token = &c.agent(1).token;
-    let e = presence(&c, token).await.unwrap_err();
+    let e = c.open_configuration_with_token(token, "").await.unwrap_err();
     assert_eq!(e.code(), Code::Unavailable, "{e:?}");
     assert!(e.message().contains("agent_info answered HTTP 302"), "{e:?}");
     assert!(!e.message().contains(token.as_str()), "{e:?}");
@@ -259,7 +248,7 @@ async fn gitlab_redirects_are_not_followed() {
     let same_origin = format!("{}{path}?redirected=1", fake.url());
     fake.redirect_to(Some((StatusCode::TEMPORARY_REDIRECT, same_origin)));
     let token = &c.agent(2).token;
-    let e = presence(&c, token).await.unwrap_err();
+    let e = c.open_configuration_with_token(token, "").await.unwrap_err();
     assert_eq!(e.code(), Code::Unavailable, "{e:?}");
     assert!(e.message().contains("agent_info answered HTTP 307"), "{e:?}");
     assert!(!e.message().contains(token.as_str()), "{e:?}");
@@ -299,13 +288,13 @@ async fn gitlab_requests_are_rate_limited() {
     // Distinct unknown tokens: none is answered from the cache.
     let unknown = |n: u32| format!("unknown-token-{n}-{}", rand::random::<u64>());
     let first = unknown(0);
-    let e = presence(&c, &first).await.unwrap_err();
+    let e = c.open_configuration_with_token(&first, "").await.unwrap_err();
     assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
     assert_eq!(fake.requests(), 1);
 
     // Milliseconds later the bucket holds a tiny fraction of a token: refused without a request.
     let second = unknown(1);
-    let e = presence(&c, &second).await.unwrap_err();
+    let e = c.open_configuration_with_token(&second, "").await.unwrap_err();
     assert_eq!(e.code(), Code::Unavailable, "{e:?}");
     assert!(e.message().contains("GitLab is unavailable: rate limited"), "{e:?}");
     assert!(!e.message().contains(&second), "{e:?}");
@@ -318,7 +307,7 @@ async fn gitlab_requests_are_rate_limited() {
         {
             n += 1;
             let token = unknown(n);
-            match presence(&c, &token).await {
+            match c.open_configuration_with_token(&token, "").await {
                 Err(e) if e.code() == Code::Unavailable => {
                     assert!(e.message().contains("rate limited") && !e.message().contains(&token), "{e:?}");
                     assert_eq!(fake.requests(), 1);

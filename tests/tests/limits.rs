@@ -4,24 +4,10 @@
 
 use kas_e2e::{Cluster, authorized, eventually};
 use kas_proto::kas::{GetPodsRequest, KubernetesRequest};
-use kas_proto::kubernetes_api::{HttpFrame, HttpRequestHead, http_frame};
+use kas_proto::kubernetes_api::{HttpFrame, HttpRequestHead};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
-
-/// Opens a watch through KasApi and waits for its response head; the watch streams until dropped.
-async fn open_watch(c: &Cluster, agent_id: i64) -> (mpsc::Sender<KubernetesRequest>, tonic::Streaming<HttpFrame>) {
-    let (tx, rx) = mpsc::channel(4);
-    let head =
-        HttpRequestHead { method: "GET".into(), path: "/api/v1/pods?watch=1".into(), headers: Default::default() };
-    tx.send(KubernetesRequest { agent_id, connection_id: 0, frame: Some(HttpFrame::request_head(head)) })
-        .await
-        .unwrap();
-    let mut frames = c.api(0).make_kubernetes_request(ReceiverStream::new(rx)).await.unwrap().into_inner();
-    let first = frames.message().await.unwrap().unwrap();
-    assert!(matches!(first.frame, Some(http_frame::Frame::ResponseHead(_))));
-    (tx, frames)
-}
 
 #[tokio::test]
 async fn a_watch_holds_the_agents_only_slot_until_it_ends() {
@@ -32,7 +18,7 @@ async fn a_watch_holds_the_agents_only_slot_until_it_ends() {
         .await;
     let _a1 = c.start_agentk(1, 0, "a1").await;
     let _a2 = c.start_agentk(2, 0, "a2").await;
-    let watch = open_watch(&c, 1).await;
+    let watch = c.open_watch(1).await;
 
     let err = c.api(0).get_pods(GetPodsRequest { agent_id: 1, connection_id: 0 }).await.unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted);
@@ -61,7 +47,7 @@ async fn the_kas_wide_limit_applies_across_agents() {
         .await;
     let _a1 = c.start_agentk(1, 0, "a1").await;
     let _a2 = c.start_agentk(2, 0, "a2").await;
-    let (tx, _frames) = open_watch(&c, 1).await;
+    let (tx, _frames) = c.open_watch(1).await;
     let err = c.api(0).get_pods(GetPodsRequest { agent_id: 2, connection_id: 0 }).await.unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted);
     assert!(err.message().contains("kas is at its limit of 1 concurrent requests"), "{}", err.message());

@@ -96,11 +96,7 @@ async fn half_open_connections_are_closed_after_the_handshake_timeout() {
 #[tokio::test]
 async fn tls_handshakes_that_never_finish_are_closed_after_the_handshake_timeout() {
     let dir = tempfile::tempdir().unwrap();
-    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
-    let (certificate_file, key_file) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
-    std::fs::write(&certificate_file, cert.cert.pem()).unwrap();
-    std::fs::write(&key_file, cert.signing_key.serialize_pem()).unwrap();
-    let tls = kas::config::TlsConfig { certificate_file, key_file };
+    let tls = kas_e2e::certificates::localhost_tls(dir.path(), "tls");
     let timeout = Duration::from_secs(1);
     let kas = start_kas(dir.path(), |c| {
         c.connections.handshake_timeout = timeout;

@@ -27,12 +27,10 @@ fn peak_rss_mib(pid: u32) -> f64 {
 async fn a_50_mib_response_streams_through_kas_and_agentk_processes_with_bounded_memory() {
     let dir = tempfile::tempdir().unwrap();
     let dev = kas::standalone::ensure_dev_setup(&dir.path().join("dev")).unwrap();
-    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
-    let (certificate_file, key_file) = (dir.path().join("rest.crt"), dir.path().join("rest.key"));
-    std::fs::write(&certificate_file, cert.cert.pem()).unwrap();
-    std::fs::write(&key_file, cert.signing_key.serialize_pem()).unwrap();
+    let tls = kas_e2e::certificates::localhost_tls(dir.path(), "rest");
+    let certificate_file = tls.certificate_file.clone();
     let mut config = dev.config.clone().with_ephemeral_ports();
-    config.listeners.rest.tls = Some(kas::config::TlsConfig { certificate_file: certificate_file.clone(), key_file });
+    config.listeners.rest.tls = Some(tls);
     let kas = start_kas_with_config(&config, dir.path()).await;
 
     let kube = FakeKube::start().await;

@@ -6,13 +6,8 @@
 //! `metric_outcomes.rs`.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
-use kas_e2e::{Cluster, eventually};
+use kas_e2e::{Cluster, eventually, http_get};
 use kas_proto::kas::GetPodsRequest;
-
-async fn get(url: &str) -> (u16, String) {
-    let r = reqwest::get(url).await.unwrap();
-    (r.status().as_u16(), r.text().await.unwrap())
-}
 
 /// The value of a sample line `name{labels} value` (labels in the exporter's order).
 fn sample(metrics: &str, name_and_labels: &str) -> Option<f64> {
@@ -23,8 +18,8 @@ fn sample(metrics: &str, name_and_labels: &str) -> Option<f64> {
 async fn health_and_metrics() {
     let mut c = Cluster::builder().redis().kas(2).agents(&[(1, 10), (2, 10)]).start().await;
     let obs = |c: &Cluster, k: usize| format!("http://{}", c.kas[k].addresses.observability);
-    assert_eq!(get(&format!("{}/livez", obs(&c, 0))).await.0, 200);
-    assert_eq!(get(&format!("{}/readyz", obs(&c, 0))).await, (200, "ok\n".to_owned()));
+    assert_eq!(http_get(&format!("{}/livez", obs(&c, 0))).await.0, 200);
+    assert_eq!(http_get(&format!("{}/readyz", obs(&c, 0))).await, (200, "ok\n".to_owned()));
 
     let _a = c.start_agentk(1, 0, "agentk-0").await;
     c.api(0).get_pods(GetPodsRequest { agent_id: 1, connection_id: 0 }).await.unwrap();
@@ -33,7 +28,7 @@ async fn health_and_metrics() {
     let body =
         reqwest::Client::new().get(&url).bearer_auth(c.gitlab_jwt()).send().await.unwrap().bytes().await.unwrap();
 
-    let (status, metrics) = get(&format!("{}/metrics", obs(&c, 0))).await;
+    let (status, metrics) = http_get(&format!("{}/metrics", obs(&c, 0))).await;
     assert_eq!(status, 200);
     let local = sample(&metrics, r#"kas_routed_requests_total{method="get_pods",outcome="local"}"#);
     assert!(local.is_some_and(|v| v >= 1.0), "{metrics}");
@@ -44,7 +39,7 @@ async fn health_and_metrics() {
     eventually!(c.kas[0].handle.tunnel_stats().await.is_some_and(|s| s.waiting_requests == 1), "parked");
     let _b = c.start_agentk(2, 0, "agentk-2").await;
     waiting.await.unwrap().unwrap();
-    let (_, metrics) = get(&format!("{}/metrics", obs(&c, 0))).await;
+    let (_, metrics) = http_get(&format!("{}/metrics", obs(&c, 0))).await;
     assert!(metrics.contains(r#"kas_route_wait_seconds_count{method="get_pods"}"#), "{metrics}");
     // Gauges of this kas (kas 0 holds both agents' connections and their idle tunnels).
     assert_eq!(sample(&metrics, "kas_agent_connections"), Some(2.0), "{metrics}");
@@ -59,10 +54,10 @@ async fn health_and_metrics() {
     // Redis down: not ready (and the failures are counted); back: ready again.
     c.redis.as_mut().unwrap().stop().await;
     let url = format!("{}/readyz", obs(&c, 0));
-    eventually!(get(&url).await.0 == 503, "not ready while Redis is down");
-    assert!(get(&url).await.1.contains("registry unavailable"));
+    eventually!(http_get(&url).await.0 == 503, "not ready while Redis is down");
+    assert!(http_get(&url).await.1.contains("registry unavailable"));
     c.redis.as_mut().unwrap().start_again().await;
-    eventually!(get(&url).await.0 == 200, "ready again once Redis is back");
-    let (_, metrics) = get(&format!("{}/metrics", obs(&c, 0))).await;
+    eventually!(http_get(&url).await.0 == 200, "ready again once Redis is back");
+    let (_, metrics) = http_get(&format!("{}/metrics", obs(&c, 0))).await;
     assert!(metrics.contains("kas_registry_errors_total"), "{metrics}");
 }

@@ -2,15 +2,8 @@
 //! HTTP against an agentk connected to a real kas.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
-use std::net::SocketAddr;
-
-use kas_e2e::{Cluster, eventually};
-
-/// One HTTP GET: (status code, body).
-async fn get(address: SocketAddr, path: &str) -> (u16, String) {
-    let response = reqwest::get(format!("http://{address}{path}")).await.unwrap();
-    (response.status().as_u16(), response.text().await.unwrap())
-}
+use agentk::{LIVEZ_PATH, READYZ_PATH};
+use kas_e2e::{Cluster, eventually, http_get};
 
 #[tokio::test]
 async fn readyz_follows_the_kas_connection_and_livez_stays_ok() {
@@ -19,21 +12,21 @@ async fn readyz_follows_the_kas_connection_and_livez_stays_ok() {
     let address = a.status.observability_address;
     assert!(address.ip().is_loopback() && address.port() != 0, "embedded agentk uses a free loopback port: {address}");
 
-    assert_eq!(get(address, agentk::LIVEZ_PATH).await, (200, "ok\n".to_owned()));
-    assert_eq!(get(address, agentk::READYZ_PATH).await, (200, "ok\n".to_owned()));
+    assert_eq!(http_get(&format!("http://{address}{LIVEZ_PATH}")).await, (200, "ok\n".to_owned()));
+    assert_eq!(http_get(&format!("http://{address}{READYZ_PATH}")).await, (200, "ok\n".to_owned()));
 
     // kas goes away: agentk is no longer ready (a rollout would wait), but it is alive.
     c.kas.remove(0).stop().await;
     let mut last: (u16, String);
     eventually!(
         {
-            last = get(address, agentk::READYZ_PATH).await;
+            last = http_get(&format!("http://{address}{READYZ_PATH}")).await;
             last.0 == 503
         },
         "/readyz answers 503 after kas stopped (last answer: {last:?})"
     );
     assert!(last.1.contains("not connected to kas"), "{last:?}");
-    assert_eq!(get(address, agentk::LIVEZ_PATH).await, (200, "ok\n".to_owned()));
+    assert_eq!(http_get(&format!("http://{address}{LIVEZ_PATH}")).await, (200, "ok\n".to_owned()));
 
     // Stopped agentk: nothing listens any more.
     a.stop().await;
@@ -51,10 +44,10 @@ async fn agentk_with_a_rejected_token_is_alive_but_never_ready() {
     a.status.failed_attempts.clone().wait_for(|n| *n >= 2).await.unwrap();
 
     let address = a.status.observability_address;
-    let (code, body) = get(address, agentk::READYZ_PATH).await;
+    let (code, body) = http_get(&format!("http://{address}{READYZ_PATH}")).await;
     assert_eq!(code, 503, "{body}");
     assert!(body.contains("not connected to kas"), "{body}");
-    assert_eq!(get(address, agentk::LIVEZ_PATH).await, (200, "ok\n".to_owned()));
+    assert_eq!(http_get(&format!("http://{address}{LIVEZ_PATH}")).await, (200, "ok\n".to_owned()));
 }
 
 #[tokio::test]
@@ -63,6 +56,6 @@ async fn two_embedded_agentk_get_distinct_observability_ports() {
     let a0 = c.start_agentk(1, 0, "agentk-0").await;
     let a1 = c.start_agentk(1, 0, "agentk-1").await;
     assert_ne!(a0.status.observability_address, a1.status.observability_address);
-    assert_eq!(get(a0.status.observability_address, agentk::READYZ_PATH).await.0, 200);
-    assert_eq!(get(a1.status.observability_address, agentk::READYZ_PATH).await.0, 200);
+    assert_eq!(http_get(&format!("http://{}{READYZ_PATH}", a0.status.observability_address)).await.0, 200);
+    assert_eq!(http_get(&format!("http://{}{READYZ_PATH}", a1.status.observability_address)).await.0, 200);
 }

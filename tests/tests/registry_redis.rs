@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
-use kas::registry::conformance::{self, Backend};
 use kas::registry::redis::{RedisConfig, RedisRegistry};
 use kas::registry::{AgentRegistry, RegistryTiming};
 use kas_e2e::RedisServer;
+use kas_e2e::registry_conformance::{self as conformance, Backend};
 
 struct Redis {
     url: String,

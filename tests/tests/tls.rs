@@ -3,25 +3,13 @@
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use kas_e2e::Cluster;
+use kas_e2e::certificates::{CertificateFiles, TestCa, localhost_tls};
 use kas_proto::kas::GetPodsRequest;
-
-/// A self-signed certificate for `localhost`, written as PEM files into `dir`.
-fn write_cert(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
-    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
-    let cert_file = dir.join("agent.crt");
-    let key_file = dir.join("agent.key");
-    std::fs::write(&cert_file, cert.cert.pem()).unwrap();
-    std::fs::write(&key_file, cert.signing_key.serialize_pem()).unwrap();
-    (cert_file, key_file)
-}
 
 #[tokio::test]
 async fn agentk_connects_over_tls_with_a_private_ca() {
     let c = Cluster::builder()
-        .configure(|config, dir| {
-            let (certificate_file, key_file) = write_cert(dir);
-            config.listeners.agent.tls = Some(kas::config::TlsConfig { certificate_file, key_file });
-        })
+        .configure(|config, dir| config.listeners.agent.tls = Some(localhost_tls(dir, "agent")))
         .start()
         .await;
     let ca = c.dir.path().join("agent.crt");
@@ -75,22 +63,10 @@ async fn bad_tls_files_fail_startup_with_the_path() {
 
 /// A CA only kas trust, and one certificate from it for `kas-internal` (server and client use).
 fn kas_ca(dir: &std::path::Path) -> kas::config::InternalTlsConfig {
-    use rcgen::{BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose};
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.key_usages =
-        vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
-    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
-    let issuer = Issuer::new(ca_params, ca_key);
-    let leaf_key = KeyPair::generate().unwrap();
-    let mut leaf = CertificateParams::new(vec!["kas-internal".to_owned()]).unwrap();
-    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
-    let leaf_cert = leaf.signed_by(&leaf_key, &issuer).unwrap();
-    let (ca_file, certificate_file, key_file) = (dir.join("kas-ca.crt"), dir.join("kas.crt"), dir.join("kas.key"));
-    std::fs::write(&ca_file, ca_cert.pem()).unwrap();
-    std::fs::write(&certificate_file, leaf_cert.pem()).unwrap();
-    std::fs::write(&key_file, leaf_key.serialize_pem()).unwrap();
+    let ca = TestCa::new();
+    let ca_file = dir.join("kas-ca.crt");
+    ca.write(&ca_file);
+    let CertificateFiles { certificate_file, key_file } = ca.issue(&["kas-internal"]).write(dir, "kas");
     kas::config::InternalTlsConfig {
         certificate_file,
         key_file,
@@ -153,10 +129,7 @@ async fn kas_to_kas_traffic_uses_mutual_tls() {
 #[tokio::test]
 async fn the_observability_listener_serves_tls_when_configured() {
     let c = Cluster::builder()
-        .configure(|config, dir| {
-            let (certificate_file, key_file) = write_cert(dir);
-            config.listeners.observability.tls = Some(kas::config::TlsConfig { certificate_file, key_file });
-        })
+        .configure(|config, dir| config.listeners.observability.tls = Some(localhost_tls(dir, "agent")))
         .start()
         .await;
     let port = c.kas[0].addresses.observability.port();

@@ -193,25 +193,3 @@ impl AgentRegistry for MemoryRegistry {
         Ok(())
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::registry::conformance::{self, Backend};
-
-    struct Memory(MemoryStore);
-
-    impl Backend for Memory {
-        async fn instance(&self, timing: RegistryTiming) -> Arc<dyn AgentRegistry> {
-            Arc::new(MemoryRegistry::with_store(self.0.clone(), conformance::instance_info(), timing))
-        }
-        async fn isolated(&self, timing: RegistryTiming) -> Arc<dyn AgentRegistry> {
-            Arc::new(MemoryRegistry::new(conformance::instance_info(), timing))
-        }
-    }
-
-    #[tokio::test]
-    async fn conformance() {
-        conformance::run_all(&Memory(MemoryStore::default())).await;
-    }
-}

@@ -1,14 +1,13 @@
 //! The agent registry: which agent connections exist, across all kas instances.
 //!
 //! One trait, two backends ([`MemoryRegistry`] for a single kas, [`RedisRegistry`] for many
-//! replicas), one conformance suite ([`conformance`]) run against both.
+//! replicas), one conformance suite (kas-e2e's `registry_conformance`) run against both.
 //!
 //! Each registry value belongs to one kas instance: it stamps the records it writes with the
 //! instance's id and internal address, refreshes them, heartbeats the instance, and on shutdown
 //! removes what it wrote. Readers only return records whose kas instance heartbeat is alive, so
 //! a crashed kas stops receiving traffic within the heartbeat TTL, not the record TTL.
 
-pub mod conformance;
 pub mod memory;
 pub mod redis;
 

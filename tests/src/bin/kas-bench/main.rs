@@ -13,9 +13,9 @@ mod proxy;
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use kas::registry::conformance;
 use kas::registry::redis::{RedisConfig, RedisRegistry};
 use kas::registry::{AgentRegistry, RegistryTiming};
+use kas_e2e::registry_conformance as conformance;
 use kas_e2e::{Cluster, RedisServer, eventually};
 use kas_proto::kas::{ConnectedAgentsByIdRequest, GetPodsRequest};
 

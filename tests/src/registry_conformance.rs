@@ -1,7 +1,9 @@
-#![allow(clippy::unwrap_used)] // test-support code: a failed call is a failed conformance check
-//! The conformance suite every registry backend must pass. Backends supply two constructors:
-//! `instance` (another kas sharing the same store) and `isolated` (a store that must not see the
-//! others, e.g. another key prefix).
+//! The conformance suite every kas registry backend must pass (`kas::registry`'s memory and
+//! Redis backends: `tests/registry_memory.rs`, `tests/registry_redis.rs`). Backends supply two
+//! constructors: `instance` (another kas sharing the same store) and `isolated` (a store that
+//! must not see the others, e.g. another key prefix). Here rather than in kas so that the
+//! product does not carry a test suite.
+#![allow(clippy::unwrap_used)] // test support: a failed call is a failed conformance check
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,7 +11,7 @@ use std::time::Duration;
 use kas_proto::kas::{ConnectedAgentInfo, KasAddress, KasInstanceInfo};
 use kas_proto::{AgentId, ConnectionId, ProjectId};
 
-use super::{AgentRegistry, RegistryEvent, RegistryTiming};
+use kas::registry::{AgentRegistry, RegistryEvent, RegistryTiming};
 
 pub trait Backend {
     fn instance(&self, timing: RegistryTiming) -> impl Future<Output = Arc<dyn AgentRegistry>>;
@@ -22,7 +24,7 @@ pub fn instance_info() -> KasInstanceInfo {
         version: "test".into(),
         commit: "c".into(),
         address: Some(KasAddress { ip: "127.0.0.1".into(), port: u32::from(rand::random::<u16>()) }),
-        instance_id: super::new_instance_id(),
+        instance_id: kas::registry::new_instance_id(),
     }
 }
 
