@@ -14,7 +14,7 @@ pub mod kubernetes_api;
 
 use utoipa_axum::router::OpenApiRouter;
 
-use crate::server::rest::RestState;
+use crate::server::rest::state::RestState;
 
 /// What a feature adds to kas's listeners. Every method has a default: a feature implements
 /// only what it serves.

@@ -28,7 +28,7 @@ impl super::Module for ConnectedAgents {
         "connected_agents"
     }
 
-    fn rest_routes(&self) -> utoipa_axum::router::OpenApiRouter<crate::server::rest::RestState> {
+    fn rest_routes(&self) -> utoipa_axum::router::OpenApiRouter<crate::server::rest::state::RestState> {
         rest::routes()
     }
 }

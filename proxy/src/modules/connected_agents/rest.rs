@@ -11,7 +11,8 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::error::KasError;
-use crate::server::rest::{PROBLEM_JSON, Problem, RestState, path_text};
+use crate::server::rest::problem::{PROBLEM_JSON, Problem};
+use crate::server::rest::state::{RestState, path_text};
 
 /// The routes, with their OpenAPI operations.
 pub fn routes() -> OpenApiRouter<RestState> {

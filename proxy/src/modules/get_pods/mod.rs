@@ -57,7 +57,7 @@ impl super::Module for GetPods {
         "get_pods"
     }
 
-    fn rest_routes(&self) -> utoipa_axum::router::OpenApiRouter<crate::server::rest::RestState> {
+    fn rest_routes(&self) -> utoipa_axum::router::OpenApiRouter<crate::server::rest::state::RestState> {
         rest::routes()
     }
 }

@@ -13,7 +13,8 @@ use utoipa_axum::routes;
 
 use super::Scope;
 use crate::error::KasError;
-use crate::server::rest::{PROBLEM_JSON, Problem, RestState, forwarded_metadata, path_text};
+use crate::server::rest::problem::{PROBLEM_JSON, Problem};
+use crate::server::rest::state::{RestState, forwarded_metadata, path_text};
 
 /// The route, with its OpenAPI operation.
 pub fn routes() -> OpenApiRouter<RestState> {

@@ -213,7 +213,7 @@ impl super::Module for KubernetesApi {
         "kubernetes_api"
     }
 
-    fn streaming_rest_routes(&self) -> utoipa_axum::router::OpenApiRouter<crate::server::rest::RestState> {
+    fn streaming_rest_routes(&self) -> utoipa_axum::router::OpenApiRouter<crate::server::rest::state::RestState> {
         rest::routes()
     }
 

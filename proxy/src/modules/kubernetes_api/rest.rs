@@ -27,7 +27,8 @@ use serde::{Deserialize, Serialize};
 use utoipa::{OpenApi, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 
-use crate::server::rest::{OwnErrorFormat, PROBLEM_JSON, Problem, RestState, forwarded_metadata};
+use crate::server::rest::problem::{OwnErrorFormat, PROBLEM_JSON, Problem};
+use crate::server::rest::state::{RestState, forwarded_metadata};
 
 /// The routes (streaming: outside the rest listener's request timeout), with the OpenAPI
 /// description of the path. They enforce `rest.max_request_body_bytes` themselves, answering

@@ -21,8 +21,7 @@ pub mod state;
 
 use std::time::Duration;
 
-use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -39,8 +38,7 @@ use utoipa_swagger_ui::SwaggerUi;
 use self::config::RestConfig;
 pub use self::problem::{OwnErrorFormat, PROBLEM_JSON, Problem};
 use self::problem::{REQUEST_ID, not_found, problem_for_bare_errors};
-pub use self::state::{RestState, forwarded_metadata};
-use crate::error::KasError;
+pub use self::state::{RestState, forwarded_metadata, path_text};
 use crate::modules::Module;
 
 /// Where the OpenAPI document is served.
@@ -51,13 +49,6 @@ pub const SWAGGER_UI_PATH: &str = "/swagger-ui";
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 /// Name of the security scheme in the OpenAPI document (the handlers' `security` repeats it).
 const BEARER: &str = "bearer";
-
-/// The text of a one-segment path parameter (an id, parsed by its type), or 400 when axum
-/// could not decode the path.
-pub fn path_text(path: Result<Path<String>, PathRejection>) -> Result<String, KasError> {
-    let Path(raw) = path.map_err(|e| KasError::InvalidArgument(format!("bad path: {}", e.body_text())))?;
-    Ok(raw)
-}
 
 /// One handler documented for several methods shares its `operation_id`; OpenAPI requires
 /// operation ids to be unique, so each method's copy gets the method as a suffix

@@ -4,11 +4,14 @@
 
 use std::collections::HashMap;
 
+use axum::extract::Path;
+use axum::extract::rejection::PathRejection;
 use axum::http::HeaderMap;
 use kas_proto::tunnel::pb::MetadataValues;
 
 use super::config::RestConfig;
 use crate::auth::JwtVerifier;
+use crate::error::KasError;
 use crate::router::Router;
 
 /// What the REST handlers share. The Kubernetes API proxy routes use the same state.
@@ -31,4 +34,11 @@ pub fn forwarded_metadata(headers: &HeaderMap) -> HashMap<String, MetadataValues
             (!values.is_empty()).then(|| ((*key).to_owned(), MetadataValues { values }))
         })
         .collect()
+}
+
+/// The text of a one-segment path parameter (an id, parsed by its type), or 400 when axum
+/// could not decode the path.
+pub fn path_text(path: Result<Path<String>, PathRejection>) -> Result<String, KasError> {
+    let Path(raw) = path.map_err(|e| KasError::InvalidArgument(format!("bad path: {}", e.body_text())))?;
+    Ok(raw)
 }

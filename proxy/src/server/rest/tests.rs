@@ -11,6 +11,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use tower::ServiceExt;
 
 use crate::auth::JwtVerifier;
+use crate::error::KasError;
 use crate::router::Router;
 
 use super::*;
