@@ -7,8 +7,6 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::router::DEFAULT_MAX_WAIT;
-
 /// Default listener addresses: loopback, so a kas started without configuration exposes nothing.
 pub const DEFAULT_AGENT_ADDRESS: &str = "127.0.0.1:8150";
 pub const DEFAULT_API_ADDRESS: &str = "127.0.0.1:8153";
@@ -16,16 +14,6 @@ pub const DEFAULT_INTERNAL_ADDRESS: &str = "127.0.0.1:8155";
 pub const DEFAULT_REST_ADDRESS: &str = "127.0.0.1:8154";
 /// Metrics and health: loopback by default, since it has no authentication.
 pub const DEFAULT_OBSERVABILITY_ADDRESS: &str = "127.0.0.1:8151";
-/// Records live this long without a refresh: long enough to survive a few missed refreshes.
-pub const DEFAULT_REGISTRY_TTL: Duration = Duration::from_secs(300);
-/// Refresh well inside the TTL.
-pub const DEFAULT_REGISTRY_REFRESH: Duration = Duration::from_secs(60);
-/// Stale records are rare (a refresh keeps them alive); sweeping every few minutes is enough.
-pub const DEFAULT_REGISTRY_GC: Duration = Duration::from_secs(300);
-/// A kas that stops heartbeating (crashed) stops receiving routed requests this soon.
-pub const DEFAULT_HEARTBEAT_TTL: Duration = Duration::from_secs(15);
-/// Heartbeat a few times per TTL, so one slow write does not mark a live kas dead.
-pub const DEFAULT_HEARTBEAT_PERIOD: Duration = Duration::from_secs(5);
 /// The longest duration any setting takes: far beyond any sensible value, and small enough
 /// that adding it to the current time or scaling it a little never overflows.
 pub const MAX_DURATION: Duration = Duration::from_secs(100 * 31_557_600); // 100 years of 365.25 days
@@ -53,6 +41,8 @@ pub struct Config {
 // Sections owned by the components they configure (their defaults live there too).
 pub use crate::auth::gitlab::config::*;
 pub use crate::modules::configuration::config::*;
+pub use crate::registry::config::*;
+pub use crate::router::config::*;
 pub use crate::server::rest::config::*;
 pub use crate::tools::tls::TlsConfig;
 pub use crate::tools::token_bucket::RateLimitConfig;
@@ -201,74 +191,6 @@ impl Default for AgentsConfig {
             configuration_poll_period: DEFAULT_CONFIGURATION_POLL_PERIOD,
             git: AgentGitConfig::default(),
         }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RoutingConfig {
-    /// Longest wait for an agent to connect (the caller's own deadline wins when shorter).
-    #[serde(with = "humantime_serde")]
-    pub max_wait: Duration,
-    /// Requests (in flight or waiting for their agent) this kas takes at once; more get
-    /// RESOURCE_EXHAUSTED / 429. Watches and log streams count while they stream.
-    pub max_concurrent_requests: usize,
-    /// The same per agent, so one busy agent cannot take all of a kas.
-    pub max_concurrent_requests_per_agent: usize,
-}
-
-// Owned by the router they configure.
-pub use crate::router::{DEFAULT_MAX_CONCURRENT_REQUESTS, DEFAULT_MAX_CONCURRENT_REQUESTS_PER_AGENT};
-
-impl Default for RoutingConfig {
-    fn default() -> Self {
-        Self {
-            max_wait: DEFAULT_MAX_WAIT,
-            max_concurrent_requests: DEFAULT_MAX_CONCURRENT_REQUESTS,
-            max_concurrent_requests_per_agent: DEFAULT_MAX_CONCURRENT_REQUESTS_PER_AGENT,
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RegistryConfig {
-    /// Lifetime of a connection record without refresh.
-    #[serde(with = "humantime_serde")]
-    pub ttl: Duration,
-    /// How often this kas rewrites the expiry of its records.
-    #[serde(with = "humantime_serde")]
-    pub refresh_period: Duration,
-    /// How often this kas removes stale records.
-    #[serde(with = "humantime_serde")]
-    pub gc_period: Duration,
-    /// A kas instance whose heartbeat is older than this is treated as gone.
-    #[serde(with = "humantime_serde")]
-    pub heartbeat_ttl: Duration,
-    /// How often this kas heartbeats.
-    #[serde(with = "humantime_serde")]
-    pub heartbeat_period: Duration,
-    /// Use Redis (many kas replicas). Absent: in-memory registry (a single kas).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub redis: Option<crate::registry::redis::RedisConfig>,
-}
-
-impl Default for RegistryConfig {
-    fn default() -> Self {
-        Self {
-            ttl: DEFAULT_REGISTRY_TTL,
-            refresh_period: DEFAULT_REGISTRY_REFRESH,
-            gc_period: DEFAULT_REGISTRY_GC,
-            heartbeat_ttl: DEFAULT_HEARTBEAT_TTL,
-            heartbeat_period: DEFAULT_HEARTBEAT_PERIOD,
-            redis: None,
-        }
-    }
-}
-
-impl RegistryConfig {
-    pub fn timing(&self) -> crate::registry::RegistryTiming {
-        crate::registry::RegistryTiming { ttl: self.ttl, heartbeat_ttl: self.heartbeat_ttl }
     }
 }
 

@@ -8,6 +8,7 @@
 //! removes what it wrote. Readers only return records whose kas instance heartbeat is alive, so
 //! a crashed kas stops receiving traffic within the heartbeat TTL, not the record TTL.
 
+pub mod config;
 pub mod memory;
 pub mod redis;
 

@@ -13,6 +13,7 @@
 //! The gateway kas (serving `KasInternal`) only uses [`Router::route_local`]: no discovery, so
 //! requests cannot loop between kas instances. Only the routing kas retries.
 
+pub mod config;
 pub mod peers;
 
 use std::sync::Arc;
