@@ -33,7 +33,10 @@ pub fn handle() -> &'static PrometheusHandle {
         metrics::describe_gauge!(CONNECTED, "1 while connected to kas (presence stream open)");
         metrics::describe_counter!(FAILED_CONNECTION_ATTEMPTS, "Connection attempts to kas that failed");
         metrics::describe_counter!(CONNECTIONS, "Connections to kas established (the first and every reconnect)");
-        metrics::describe_counter!(REQUESTS, "Requests served through tunnels, by module and outcome (ok, error)");
+        metrics::describe_counter!(
+            REQUESTS,
+            "Requests served through tunnels, by module and outcome (ok, refused, timeout, error)"
+        );
         metrics::describe_histogram!(
             API_SERVER_LATENCY,
             metrics::Unit::Seconds,
@@ -55,8 +58,33 @@ pub fn render(status: &Status) -> String {
     handle().render()
 }
 
-pub fn request(module: &'static str, ok: bool) {
-    metrics::counter!(REQUESTS, "module" => module, "outcome" => if ok { "ok" } else { "error" }).increment(1);
+/// How agentk ended a request (the `outcome` label of `agentk_requests_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Answered: by the Kubernetes API server (whatever its status) or by the module itself.
+    Ok,
+    /// agentk refused it itself (the agent configuration's `kubernetes_api`: a 403 `Status`).
+    Refused,
+    /// agentk answered a 504 `Status` itself: the API server did not accept the connection or
+    /// send its response head in time.
+    Timeout,
+    /// The exchange failed (the API server unreachable or failing, the caller gone, bad frames).
+    Error,
+}
+
+impl Outcome {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Refused => "refused",
+            Self::Timeout => "timeout",
+            Self::Error => "error",
+        }
+    }
+}
+
+pub fn request(module: &'static str, outcome: Outcome) {
+    metrics::counter!(REQUESTS, "module" => module, "outcome" => outcome.label()).increment(1);
 }
 
 pub fn api_server_latency(took: Duration) {

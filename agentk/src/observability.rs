@@ -117,8 +117,8 @@ mod tests {
         let f = fake();
         f.connected.send_replace(Some(ConnectionId(7)));
         f.pool.send_replace(PoolStats { idle: 3, in_use: 2 });
-        crate::metrics::request("get_pods", true);
-        crate::metrics::request("kubernetes_api", false);
+        crate::metrics::request("get_pods", crate::metrics::Outcome::Ok);
+        crate::metrics::request("kubernetes_api", crate::metrics::Outcome::Error);
         crate::metrics::connected();
         let (code, body) = get(&f.status, "GET", "/metrics").await;
         assert_eq!(code, StatusCode::OK);

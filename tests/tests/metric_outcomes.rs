@@ -258,3 +258,42 @@ async fn a_request_outlasting_routing_max_wait_counts_timed_out() {
     assert_eq!(delta(&before, &after, "kas_routed_requests_total", &routed("get_pods", "failed")), 0.0);
     assert_eq!(delta(&before, &after, "kas_route_wait_seconds_count", &[("method", "get_pods")]), 1.0);
 }
+
+/// agentk's own answers are counted as what they are, not as `ok`: a 504 it answers because the
+/// API server never sends a response head is `timeout`.
+#[tokio::test]
+async fn agentk_counts_its_own_timeout_answers_as_timeout() {
+    let s = setup().await;
+    let kas = start_kas(&s, |_| {}).await;
+    // An "API server" whose kernel completes handshakes but which never reads or answers.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let kubeconfig = s.dir.path().join("silent-kubeconfig");
+    let server = format!("http://{}", silent.local_addr().unwrap());
+    std::fs::write(&kubeconfig, s.kube.kubeconfig().replace(&s.kube.url(), &server)).unwrap();
+    let mut agentk = process::start_agentk_with_args(
+        kas.addresses.agent,
+        &s.dev.agent_token_file,
+        &kubeconfig,
+        "agentk-0",
+        "agentk",
+        &["--kube-api-response-header-timeout=1s"],
+    );
+    let agentk_metrics = agentk_observability(&mut agentk).await;
+    let rest = kas.addresses.rest;
+    let before = scrape(agentk_metrics).await;
+    let r = reqwest::Client::new()
+        .get(format!("http://{rest}/api/v1/agents/1/kubernetes/api/v1/namespaces/default/pods"))
+        .bearer_auth(&s.jwt)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 504, "{}", r.text().await.unwrap());
+    let outcome = |o| [("module", "kubernetes_api"), ("outcome", o)];
+    eventually!(delta(&before, &scrape(agentk_metrics).await, "agentk_requests_total", &outcome("timeout")) == 1.0);
+    let after = scrape(agentk_metrics).await;
+    assert_eq!(delta(&before, &after, "agentk_requests_total", &outcome("ok")), 0.0);
+    assert_eq!(delta(&before, &after, "agentk_requests_total", &outcome("error")), 0.0);
+    let status = agentk.terminate().await;
+    assert!(status.success(), "agentk exit: {status}");
+    drop(silent);
+}

@@ -56,7 +56,10 @@ impl super::Module for GetPods {
             Ok(Bytes::from(response.encode_to_vec()))
         }
         .await;
-        crate::metrics::request("get_pods", result.is_ok());
+        crate::metrics::request(
+            "get_pods",
+            if result.is_ok() { crate::metrics::Outcome::Ok } else { crate::metrics::Outcome::Error },
+        );
         if let Err(status) = &result {
             tracing::warn!(error = %status.message(), "GetPods failed");
         }

@@ -42,6 +42,7 @@ use tonic::Status;
 use tower::util::BoxCloneSyncService;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
 
+use crate::metrics::Outcome;
 use crate::tunnel::{Responder, TunnelRequest};
 
 /// Request headers agentk forwards to the API server. Everything else is dropped: notably
@@ -170,8 +171,9 @@ impl KubernetesApi {
 }
 
 /// A Kubernetes `Status` (HTTP 403 Forbidden) for a request the agent configuration refuses.
-async fn forbidden(responder: &Responder, method: &str, path: &str, reason: &str) -> Result<(), Status> {
-    kubernetes_status(responder, 403, "Forbidden", &format!("{method} {path}: {reason}")).await
+async fn forbidden(responder: &Responder, method: &str, path: &str, reason: &str) -> Result<Outcome, Status> {
+    kubernetes_status(responder, 403, "Forbidden", &format!("{method} {path}: {reason}")).await?;
+    Ok(Outcome::Refused)
 }
 
 /// agentk's own answer as a Kubernetes `Status`, as the API server would send it.
@@ -242,7 +244,7 @@ fn response_head(response: &http::Response<Incoming>) -> HttpResponseHead {
 }
 
 impl KubernetesApi {
-    async fn exchange(&self, request: &mut TunnelRequest, responder: &Responder) -> Result<(), Status> {
+    async fn exchange(&self, request: &mut TunnelRequest, responder: &Responder) -> Result<Outcome, Status> {
         let first = request.next_message().await?.ok_or_else(|| Status::invalid_argument("request without a head"))?;
         let http_frame::Frame::RequestHead(head) = decode(first)? else {
             return Err(Status::invalid_argument("the first frame must be the request head"));
@@ -288,7 +290,7 @@ impl KubernetesApi {
                         head.method, head.path, self.timeouts.response_header
                     );
                     tracing::info!(method = %head.method, path = %head.path, "Kubernetes API response header timeout");
-                    return kubernetes_status(responder, 504, "Timeout", &message).await;
+                    return kubernetes_status(responder, 504, "Timeout", &message).await.map(|()| Outcome::Timeout);
                 }
             }
         };
@@ -301,7 +303,7 @@ impl KubernetesApi {
                     head.method, head.path, self.timeouts.connect
                 );
                 tracing::info!(method = %head.method, path = %head.path, "Kubernetes API connect timeout");
-                return kubernetes_status(responder, 504, "Timeout", &message).await;
+                return kubernetes_status(responder, 504, "Timeout", &message).await.map(|()| Outcome::Timeout);
             }
             Err(e) => return Err(Status::unavailable(format!("Kubernetes API unreachable: {e}"))),
         };
@@ -309,7 +311,7 @@ impl KubernetesApi {
         responder.header(Default::default()).await?;
         responder.message(HttpFrame::response_head(response_head(&response)).to_bytes()).await?;
         if response.status() == http::StatusCode::SWITCHING_PROTOCOLS {
-            return upgraded(request, responder, response).await;
+            return upgraded(request, responder, response).await.map(|()| Outcome::Ok);
         }
         let mut response_body = response.into_body();
         loop {
@@ -330,7 +332,7 @@ impl KubernetesApi {
                 }
             }
         }
-        responder.trailer(Default::default()).await
+        responder.trailer(Default::default()).await.map(|()| Outcome::Ok)
     }
 }
 
@@ -474,7 +476,7 @@ impl super::Module for KubernetesApi {
 
     async fn handle(&self, request: &mut TunnelRequest, responder: &Responder) {
         let result = self.exchange(request, responder).await;
-        crate::metrics::request("kubernetes_api", result.is_ok());
+        crate::metrics::request("kubernetes_api", result.as_ref().map_or(Outcome::Error, |outcome| *outcome));
         if let Err(status) = result {
             tracing::debug!(code = ?status.code(), error = %status.message(), "Kubernetes API exchange failed");
             // Before the response head kas answers with an error; after it, kas aborts.
