@@ -47,7 +47,10 @@ const PEER_RETRY_CAP: Duration = Duration::from_secs(2);
 /// A probe is one round trip through the peer's gRPC stack; a live kas answers in milliseconds.
 const PEER_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// A peer that is down and that no request wanted for this long is forgotten (its probes stop,
-/// its channel is dropped): a kas that went away for good costs nothing after a minute.
+/// its channel is dropped): a kas that went away for good costs nothing after a minute. A peer
+/// that is up but that no request used for this long is dropped too (a kas replaced in a
+/// rolling restart leaves its records, and so its use, behind); forwards still open on its
+/// channel keep it, and the next request dials again.
 const PEER_FORGET_AFTER: Duration = Duration::from_secs(60);
 
 /// Why a peer could not take a request; the router tries the next connection in every case
@@ -69,6 +72,8 @@ struct Peer {
     channel: Channel,
     /// `Some` while the peer is down (a probe task is running for it).
     down: Option<Down>,
+    /// The last time a request took this peer's channel.
+    last_used: Instant,
 }
 
 struct Down {
@@ -86,6 +91,8 @@ struct Shared {
     /// Address -> peer. A lock held only for map operations (never across an await); channels
     /// are cheap clones sharing one HTTP/2 connection.
     peers: Mutex<HashMap<String, Peer>>,
+    /// When unused up peers were last dropped from `peers`.
+    last_sweep: Mutex<Instant>,
     /// Bumped each time a peer comes back up: requests waiting for an agent look again.
     up: watch::Sender<u64>,
     /// Ends the probe tasks when `Peers` is dropped.
@@ -111,6 +118,7 @@ impl Peers {
                 ping_interval: DEFAULT_PEER_PING_INTERVAL,
                 ping_timeout: DEFAULT_PEER_PING_TIMEOUT,
                 peers: Mutex::default(),
+                last_sweep: Mutex::new(Instant::now()),
                 up: watch::channel(0).0,
                 stop: CancellationToken::new(),
             }),
@@ -127,6 +135,7 @@ impl Peers {
             ping_interval: old.ping_interval,
             ping_timeout: old.ping_timeout,
             peers: Mutex::default(),
+            last_sweep: Mutex::new(Instant::now()),
             up: watch::channel(0).0,
             stop: CancellationToken::new(),
         };
@@ -227,19 +236,35 @@ impl Shared {
 
     /// The peer's channel, or `Down` without dialing when it is known to be down.
     fn channel_if_up(&self, address: &str) -> Result<Channel, PeerError> {
+        let now = Instant::now();
         let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        self.sweep(&mut peers, now);
         if let Some(p) = peers.get_mut(address) {
             return match &mut p.down {
                 Some(down) => {
-                    down.last_wanted = Instant::now();
+                    down.last_wanted = now;
                     Err(PeerError::Down)
                 }
-                None => Ok(p.channel.clone()),
+                None => {
+                    p.last_used = now;
+                    Ok(p.channel.clone())
+                }
             };
         }
         let channel = self.new_channel(address)?;
-        peers.insert(address.to_owned(), Peer { channel: channel.clone(), down: None });
+        peers.insert(address.to_owned(), Peer { channel: channel.clone(), down: None, last_used: now });
         Ok(channel)
+    }
+
+    /// Drops up peers no request used for `PEER_FORGET_AFTER` (down peers are their probe's
+    /// to forget); at most once per quarter of that, so a request pays for it rarely.
+    fn sweep(&self, peers: &mut HashMap<String, Peer>, now: Instant) {
+        let mut last = self.last_sweep.lock().unwrap_or_else(PoisonError::into_inner);
+        if now.duration_since(*last) < PEER_FORGET_AFTER / 4 {
+            return;
+        }
+        *last = now;
+        peers.retain(|_, p| p.down.is_some() || now.duration_since(p.last_used) < PEER_FORGET_AFTER);
     }
 
     fn new_channel(&self, address: &str) -> Result<Channel, PeerError> {
@@ -352,5 +377,29 @@ mod tests {
         let expired = tonic::Status::from_error(Box::new(tonic::TimeoutExpired(())));
         assert!(expired.source().is_some());
         assert!(!is_transport_failure(&expired));
+    }
+
+    fn known(peers: &Peers) -> Vec<String> {
+        let mut v: Vec<String> = peers.shared.peers.lock().unwrap().keys().cloned().collect();
+        v.sort();
+        v
+    }
+
+    /// A peer replaced in a rolling restart is never asked again: its entry goes after a minute
+    /// unused, while a peer in use stays.
+    #[tokio::test(start_paused = true)]
+    async fn peers_nobody_uses_are_forgotten() {
+        let peers = Peers::new(Secret::generate());
+        // Lazy channels: nothing is dialed.
+        peers.shared.channel_if_up("127.0.0.1:1001").unwrap();
+        peers.shared.channel_if_up("127.0.0.1:1002").unwrap();
+        tokio::time::advance(PEER_FORGET_AFTER / 2).await;
+        peers.shared.channel_if_up("127.0.0.1:1002").unwrap();
+        tokio::time::advance(PEER_FORGET_AFTER / 2 + Duration::from_secs(1)).await;
+        peers.shared.channel_if_up("127.0.0.1:1003").unwrap();
+        assert_eq!(known(&peers), ["127.0.0.1:1002", "127.0.0.1:1003"]);
+        tokio::time::advance(PEER_FORGET_AFTER * 2).await;
+        peers.shared.channel_if_up("127.0.0.1:1003").unwrap();
+        assert_eq!(known(&peers), ["127.0.0.1:1003"]);
     }
 }
