@@ -475,11 +475,12 @@ impl Bound {
             http,
             stop_observability.clone(),
         ));
+        let rest_router = rest::router(rest_state, &modules);
         let mut rest_task = tokio::spawn(async move {
             crate::server::rest::serve::serve(
                 Acceptor::new("rest", rest, limits),
                 rest_tls,
-                rest::router(rest_state, &modules),
+                rest_router,
                 http,
                 rest_shutdown,
             )
@@ -511,6 +512,7 @@ impl Bound {
             rest = %addresses.rest,
             observability = %addresses.observability,
             tls = %tls_listeners,
+            features = %modules.iter().map(|m| m.name()).collect::<Vec<_>>().join(","),
             kas = %registry.instance().instance_id,
             version = crate::VERSION,
             "kas listening"
