@@ -363,7 +363,15 @@ impl Target {
 /// One GET of `url`: Ok(latency) for a 2xx with its whole body read, Err(what went wrong).
 async fn get(client: &reqwest::Client, url: &str, token: &str) -> Result<Duration, String> {
     let t0 = Instant::now();
-    let r = client.get(url).bearer_auth(token).send().await.map_err(|e| format!("error: {e}"))?;
+    let r = client.get(url).bearer_auth(token).send().await.map_err(|e| {
+        let mut text = format!("error: {e}");
+        let mut source = std::error::Error::source(&e);
+        while let Some(cause) = source {
+            text.push_str(&format!(": {cause}"));
+            source = cause.source();
+        }
+        text
+    })?;
     let status = r.status();
     let body = r.bytes().await.map_err(|e| format!("{status}, body error: {e}"))?;
     if status.is_success() {
