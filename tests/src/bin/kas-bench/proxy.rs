@@ -287,7 +287,7 @@ fn start_rathole(dir: &Path, upstream: &str) -> Result<(Vec<Proc>, String), Unav
     ))
 }
 
-fn start_bore(upstream: &str) -> Result<(Vec<Proc>, String), Unavailable> {
+async fn start_bore(upstream: &str) -> Result<(Vec<Proc>, String), Unavailable> {
     let bore = find_program("bore").ok_or(Unavailable::NotInstalled("cargo install bore-cli"))?;
     let upstream_port = upstream.rsplit_once(':').map(|(_, p)| p).ok_or_else(|| failed("upstream port"))?;
     // bore's control port is fixed (7835); the tunnel ports are drawn from this range.
@@ -319,7 +319,7 @@ fn start_bore(upstream: &str) -> Result<(Vec<Proc>, String), Unavailable> {
         match port {
             Some(port) => return Ok((vec![server, client], format!("http://127.0.0.1:{port}"))),
             None if Instant::now() < deadline && client.child.try_wait().is_ok_and(|s| s.is_some()) => {
-                std::thread::sleep(Duration::from_millis(100));
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
             None => return Err(failed("bore local printed no \"listening at\" port")),
         }
@@ -584,7 +584,7 @@ async fn run_paths(rounds: usize, report: &mut String) -> Result<(), Unavailable
     };
     let nginx = peer(start_nginx(dir.path(), &upstream));
     let rathole = peer(start_rathole(dir.path(), &upstream));
-    let bore = peer(start_bore(&upstream));
+    let bore = peer(start_bore(&upstream).await);
     let target = |name, (base, procs): (Result<String, Unavailable>, Vec<(String, ProcRef)>), token: &str| Target {
         name,
         base,
