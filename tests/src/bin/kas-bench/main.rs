@@ -4,8 +4,9 @@
 //! - routing: GetPods latency through a local tunnel vs through a second kas (interleaved).
 //! - wake-up: a request waiting on kas A is served when the agent connects to kas B.
 //! - refresh: Redis round trips (and time) per registry refresh with 1, 100, 10,000 connections.
-//! - proxy: the Kubernetes API proxy vs direct access and nginx (needs `cargo build --release
-//!   --bins` for the kas and agentk processes).
+//! - proxy: the Kubernetes API proxy vs direct access, nginx, rathole and bore, in interleaved
+//!   rounds, and `kubectl get pods -A` (needs `cargo build --release --bins` for the kas and
+//!   agentk processes). `--upstream` runs this program as that section's upstream server.
 
 mod git;
 mod proxy;
@@ -34,23 +35,35 @@ pub(crate) fn ms(d: Duration) -> String {
 struct Args {
     trials: usize,
     requests: usize,
+    rounds: usize,
+    upstream: bool,
     out: Option<std::path::PathBuf>,
     sections: Vec<String>,
 }
 
 fn args() -> Args {
-    let mut a =
-        Args { trials: 100, requests: 2000, out: None, sections: vec!["routing".into(), "proxy".into(), "git".into()] };
+    let mut a = Args {
+        trials: 100,
+        requests: 2000,
+        rounds: 3,
+        upstream: false,
+        out: None,
+        sections: vec!["routing".into(), "proxy".into(), "git".into()],
+    };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
         match flag.as_str() {
             "--trials" => a.trials = value().parse().expect("--trials N"),
             "--requests" => a.requests = value().parse().expect("--requests N"),
+            "--rounds" => a.rounds = value().parse().expect("--rounds N"),
+            "--upstream" => a.upstream = true,
             "--out" => a.out = Some(value().into()),
             "--sections" => a.sections = value().split(',').map(str::to_owned).collect(),
             other => {
-                panic!("unknown flag {other} (use --trials N, --requests N, --sections routing,proxy,git, --out FILE)")
+                panic!(
+                    "unknown flag {other} (use --trials N, --requests N, --rounds N, --sections routing,proxy,git, --out FILE)"
+                )
             }
         }
     }
@@ -185,6 +198,13 @@ async fn refresh(report: &mut String) {
 #[tokio::main]
 async fn main() {
     let a = args();
+    if a.upstream {
+        if let Err(e) = proxy::serve_upstream().await {
+            eprintln!("kas-bench --upstream: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
     let commit = std::process::Command::new("git")
         .args(["rev-parse", "--short", "HEAD"])
         .output()
@@ -216,7 +236,7 @@ async fn main() {
         refresh(&mut report).await;
     }
     if a.sections.iter().any(|s| s == "proxy") {
-        proxy::run(&mut report).await;
+        proxy::run(a.rounds, &mut report).await;
     }
     if a.sections.iter().any(|s| s == "git") {
         git::run(a.trials, &mut report).await;
