@@ -63,8 +63,14 @@ pub fn server_tls(
 
 /// The certificates of a PEM file: at least one, or an error naming the file.
 pub fn read_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certs = CertificateDer::pem_file_iter(path)
-        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+    let pem = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    certificates_in(path, &pem)
+}
+
+/// The certificates of PEM bytes read from `path`: at least one, or an error naming the file.
+fn certificates_in(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     if certs.is_empty() {
         return Err(format!("{} holds no usable PEM certificate", path.display()));
@@ -72,9 +78,10 @@ pub fn read_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, St
     Ok(certs)
 }
 
-/// A CA bundle for a client to trust: the PEM file's bytes, checked to hold at least one
-/// certificate (a wrong or empty file fails at startup, not at the first connection).
+/// A CA bundle for a client to trust: the PEM file's bytes (read once), checked to hold at least
+/// one certificate (a wrong or empty file fails at startup, not at the first connection).
 pub fn read_ca_bundle(path: &Path) -> Result<Vec<u8>, String> {
-    read_certificates(path)?;
-    std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+    let pem = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    certificates_in(path, &pem)?;
+    Ok(pem)
 }

@@ -486,22 +486,13 @@ fn median_d(mut v: Vec<Duration>) -> Duration {
     v.get(v.len() / 2).copied().unwrap_or_default()
 }
 
-/// Medians over the rounds of one path.
-struct Summary {
-    rps16: f64,
-    p99_16: Duration,
-    p50_1: Duration,
-    p99_1: Duration,
-    mbps: f64,
-    cpu_per_10k: Vec<f64>,
-}
-
-fn summarize(rounds: &[Round]) -> Option<Summary> {
+/// Medians over the rounds of one path, figure by figure.
+fn summarize(rounds: &[Round]) -> Option<Round> {
     if rounds.is_empty() {
         return None;
     }
     let n = rounds[0].cpu_per_10k.len();
-    Some(Summary {
+    Some(Round {
         rps16: median_f(rounds.iter().map(|r| r.rps16).collect()),
         p99_16: median_d(rounds.iter().map(|r| r.p99_16).collect()),
         p50_1: median_d(rounds.iter().map(|r| r.p50_1).collect()),
@@ -631,7 +622,7 @@ async fn run_paths(rounds: usize, report: &mut String) -> Result<(), Unavailable
 }
 
 fn write_paths_report(targets: &[Target], rounds: usize, report: &mut String) {
-    let summaries: Vec<Option<Summary>> = targets.iter().map(|t| summarize(&t.rounds)).collect();
+    let summaries: Vec<Option<Round>> = targets.iter().map(|t| summarize(&t.rounds)).collect();
     let find = |name: &str| targets.iter().position(|t| t.name == name).and_then(|i| summaries[i].as_ref());
     let rathole = find("rathole");
     let _ = writeln!(
@@ -711,7 +702,7 @@ fn write_paths_report(targets: &[Target], rounds: usize, report: &mut String) {
     write_goals(targets, &summaries, report);
 }
 
-fn write_goals(targets: &[Target], summaries: &[Option<Summary>], report: &mut String) {
+fn write_goals(targets: &[Target], summaries: &[Option<Round>], report: &mut String) {
     let find = |name: &str| targets.iter().position(|t| t.name == name).and_then(|i| summaries[i].as_ref());
     let (Some(rathole), Some(one), Some(two)) = (find("rathole"), find("kas + agentk"), find("kas → kas + agentk"))
     else {
