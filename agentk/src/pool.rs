@@ -166,7 +166,11 @@ async fn open_and_serve(ctx: &PoolContext, events: &mpsc::UnboundedSender<Event>
     let mut order = FrameOrder::new();
     if order.response(ResponseFrame::Descriptor).is_err()
         || outbound
-            .try_send(ConnectRequest::descriptor(pb::Descriptor { connection_id: ctx.connection_id.0, methods }))
+            .try_send(ConnectRequest::descriptor(pb::Descriptor {
+                connection_id: ctx.connection_id.0,
+                methods,
+                response_credit: true,
+            }))
             .is_err()
     {
         return Event::EndedIdle { failed: true };

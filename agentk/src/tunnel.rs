@@ -1,14 +1,25 @@
 //! agentk's end of one tunnel: receives the request frames and sends the response frames, both
 //! checked against the shared [`FrameOrder`] (the same state machine kas uses).
+//!
+//! One task per tunnel reads what kas sends ([`read_requests`]): response credit
+//! (`WindowUpdate`, see `kas_proto::flow`) must arrive while a module waits for it to send, and
+//! the module may not be reading the request body then. Request frames are read ahead of the
+//! module up to [`REQUEST_READ_AHEAD`] bytes.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use kas_proto::tunnel::pb::{self, ConnectRequest, ConnectResponse, connect_response};
 use kas_proto::tunnel::{FrameOrder, FrameOrderError, ResponseFrame};
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tonic::{Status, Streaming};
+
+/// Request body bytes read from the tunnel ahead of the module. Response credit that kas sends
+/// behind more than this (a module that neither reads the request body nor can send) waits
+/// until the module reads.
+pub const REQUEST_READ_AHEAD: usize = 1024 * 1024;
 
 type SharedOrder = Arc<Mutex<FrameOrder>>;
 
@@ -21,21 +32,51 @@ fn check(
     f(&mut guard)
 }
 
+/// A request frame as the reader task hands it on.
+enum Inbound {
+    /// Body data, holding its share of the read-ahead until the module takes it.
+    Message(Bytes, OwnedSemaphorePermit),
+    CloseSend,
+}
+
 /// The request kas sent, as a module sees it.
 pub struct TunnelRequest {
     pub method: String,
     pub metadata: HashMap<String, pb::MetadataValues>,
-    inbound: Streaming<ConnectResponse>,
-    order: SharedOrder,
+    inbound: mpsc::UnboundedReceiver<Result<Inbound, Status>>,
 }
 
 /// Sends the response frames back to kas.
 pub struct Responder {
     outbound: mpsc::Sender<ConnectRequest>,
     order: SharedOrder,
+    credit: Arc<SendCredit>,
 }
 
-/// Builds the request/responder pair from the first frame (already checked to be RequestInfo).
+/// Response credit, the sending side: bytes of `Message` data agentk may still send.
+struct SendCredit {
+    /// kas grants credit (`RequestInfo.response_window` > 0) and it is still applied.
+    limited: AtomicBool,
+    available: AtomicI64,
+    /// kas ended the tunnel: no more credit will come.
+    ended: AtomicBool,
+    changed: tokio::sync::Notify,
+}
+
+impl SendCredit {
+    fn grant(&self, bytes: u32) {
+        self.available.fetch_add(i64::from(bytes), Ordering::AcqRel);
+        self.changed.notify_waiters();
+    }
+
+    fn end(&self) {
+        self.ended.store(true, Ordering::Release);
+        self.changed.notify_waiters();
+    }
+}
+
+/// Builds the request/responder pair from the first frame (already checked to be RequestInfo)
+/// and starts the task that reads the rest of what kas sends.
 pub fn split(
     info: pb::RequestInfo,
     inbound: Streaming<ConnectResponse>,
@@ -43,30 +84,86 @@ pub fn split(
     order: FrameOrder,
 ) -> (TunnelRequest, Responder) {
     let order = Arc::new(Mutex::new(order));
-    (
-        TunnelRequest { method: info.method, metadata: info.metadata, inbound, order: order.clone() },
-        Responder { outbound, order },
-    )
+    let credit = Arc::new(SendCredit {
+        limited: AtomicBool::new(info.response_window > 0),
+        available: AtomicI64::new(i64::from(info.response_window)),
+        ended: AtomicBool::new(false),
+        changed: tokio::sync::Notify::new(),
+    });
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(read_requests(inbound, order.clone(), credit.clone(), tx));
+    (TunnelRequest { method: info.method, metadata: info.metadata, inbound: rx }, Responder { outbound, order, credit })
+}
+
+/// Reads kas's frames until the stream ends or the request is dropped: credit goes to the
+/// responder at once, request frames to the module (body data within [`REQUEST_READ_AHEAD`]).
+/// The stream lives as long as this task: dropping it earlier would reset the stream, and a
+/// reset discards response frames kas has not read yet.
+async fn read_requests(
+    mut inbound: Streaming<ConnectResponse>,
+    order: SharedOrder,
+    credit: Arc<SendCredit>,
+    tx: mpsc::UnboundedSender<Result<Inbound, Status>>,
+) {
+    let read_ahead = Arc::new(Semaphore::new(REQUEST_READ_AHEAD));
+    loop {
+        let next = tokio::select! {
+            next = inbound.message() => next,
+            () = tx.closed() => break,
+        };
+        let frame = match next {
+            Ok(Some(frame)) => frame,
+            Ok(None) => break,
+            Err(status) => {
+                let _ = tx.send(Err(status));
+                break;
+            }
+        };
+        if let Err(violation) = check(&order, |o| frame.kind().and_then(|k| o.request(k))) {
+            let _ = tx.send(Err(violation.into()));
+            break;
+        }
+        let item = match frame.msg {
+            Some(connect_response::Msg::WindowUpdate(update)) => {
+                credit.grant(update.bytes);
+                continue;
+            }
+            Some(connect_response::Msg::Message(m)) => {
+                let share = u32::try_from(m.data.len().min(REQUEST_READ_AHEAD)).unwrap_or(u32::MAX);
+                let permit = tokio::select! {
+                    permit = read_ahead.clone().acquire_many_owned(share) => permit,
+                    () = tx.closed() => break,
+                };
+                let Ok(permit) = permit else { break };
+                Inbound::Message(m.data, permit)
+            }
+            Some(connect_response::Msg::CloseSend(_)) => Inbound::CloseSend,
+            _ => {
+                let _ = tx.send(Err(Status::invalid_argument("unexpected frame in the request body")));
+                break;
+            }
+        };
+        if tx.send(Ok(item)).is_err() {
+            break;
+        }
+    }
+    credit.end();
 }
 
 impl TunnelRequest {
     /// The next body message; `None` after CloseSend.
     pub async fn next_message(&mut self) -> Result<Option<Bytes>, Status> {
-        let Some(frame) = self.inbound.message().await? else {
-            return Err(Status::cancelled("kas ended the tunnel before CloseSend"));
-        };
-        check(&self.order, |o| frame.kind().and_then(|k| o.request(k)))?;
-        match frame.msg {
-            Some(connect_response::Msg::Message(m)) => Ok(Some(m.data)),
-            Some(connect_response::Msg::CloseSend(_)) => Ok(None),
-            _ => Err(Status::invalid_argument("unexpected frame in the request body")),
+        match self.inbound.recv().await {
+            None => Err(Status::cancelled("kas ended the tunnel before CloseSend")),
+            Some(Err(status)) => Err(status),
+            Some(Ok(Inbound::Message(data, _read_ahead))) => Ok(Some(data)),
+            Some(Ok(Inbound::CloseSend)) => Ok(None),
         }
     }
 
-    /// Waits until kas ends the tunnel, discarding request frames. Dropping the stream earlier
-    /// would reset it, and a reset discards response frames kas has not read yet.
+    /// Waits until kas ends the tunnel, discarding request frames.
     pub async fn finish(&mut self) {
-        while let Ok(Some(_)) = self.inbound.message().await {}
+        while let Some(Ok(_)) = self.inbound.recv().await {}
     }
 
     /// Exactly one body message followed by CloseSend (unary calls).
@@ -90,8 +187,53 @@ impl Responder {
         self.send(ConnectRequest::header(pb::Header { metadata }), ResponseFrame::Header).await
     }
 
+    /// Sends one body message once there is response credit (a message may take the credit
+    /// below zero; the next one waits for kas to grant more).
     pub async fn message(&self, data: Bytes) -> Result<(), Status> {
+        if self.wait_for_credit().await?.is_some() {
+            let len = i64::try_from(data.len()).unwrap_or(i64::MAX);
+            self.credit.available.fetch_sub(len, Ordering::AcqRel);
+        }
         self.send(ConnectRequest::message(data), ResponseFrame::Message).await
+    }
+
+    /// How much body to put into the next message: at most `max`, and no more than the credit
+    /// (waiting for some). Streams split their data by it, so a reader that stopped leaves
+    /// small messages in flight.
+    pub async fn next_message_size(&self, max: usize) -> Result<usize, Status> {
+        Ok(match self.wait_for_credit().await? {
+            Some(credit) => max.min(credit),
+            None => max,
+        })
+    }
+
+    /// Stops applying response credit: an upgraded connection carries both directions on this
+    /// tunnel, and its response must not wait for credit queued behind request bytes that the
+    /// API server is not reading. HTTP/2's stream window still bounds it.
+    pub fn without_credit(&self) {
+        self.credit.limited.store(false, Ordering::Release);
+        self.credit.changed.notify_waiters();
+    }
+
+    /// `Some(available)` once the credit is positive; `None` if credit does not apply.
+    async fn wait_for_credit(&self) -> Result<Option<usize>, Status> {
+        loop {
+            let changed = self.credit.changed.notified();
+            if !self.credit.limited.load(Ordering::Acquire) {
+                return Ok(None);
+            }
+            let available = self.credit.available.load(Ordering::Acquire);
+            if available > 0 {
+                return Ok(Some(usize::try_from(available).unwrap_or(usize::MAX)));
+            }
+            if self.credit.ended.load(Ordering::Acquire) {
+                return Err(Status::cancelled("kas ended the tunnel while the response waited for credit"));
+            }
+            tokio::select! {
+                () = changed => {}
+                () = self.outbound.closed() => return Err(Status::cancelled("tunnel closed")),
+            }
+        }
     }
 
     pub async fn trailer(&self, metadata: HashMap<String, pb::MetadataValues>) -> Result<(), Status> {

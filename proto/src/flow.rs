@@ -1,20 +1,26 @@
 //! Flow control of the tunnel path (issue 12): what every hop may hold per stream, in bytes.
 //!
-//! All tunnels of an agentk connection share one HTTP/2 connection (and all forwarded tunnels
-//! between two kas share one), so a stream whose reader stopped must never hold the
-//! connection's window: the connection window is sized for every stream holding its full stream
-//! window at once ([`connection_window`] = streams allowed × [`STREAM_WINDOW`], capped at the
-//! HTTP/2 maximum).
-//! The stream window is also what a hop buffers for a reader that stopped, twice over at a
-//! relaying kas: its receive window towards the sender, and (while the next hop's socket is
-//! backed up) up to the next hop's window queued to send. Heap profiles of 1,000 unread streams
-//! through two kas also show tonic's per-stream receive buffer (it reserves a whole message
-//! ahead and grows by doubling: 32-64 KiB per stream with 8-32 KiB messages) and fixed costs of
-//! ~12 KiB per stream (gateway) and ~30 KiB (routing kas, most of it hyper's HTTP/1.1 buffers).
-//! Issue 12's 64 MiB bound for 1,000 streams (~65 KiB per stream, everything included) was met
-//! only with 8 KiB windows on kas's receiving sides and 4 KiB chunks, which cut a 200 MiB
-//! response to a quarter to a fifth of its speed; these values keep the speed and do not meet it. See
-//! ARCHITECTURE.md ("Back-pressure") for the figures.
+//! Two layers:
+//! - **Response credit** ([`ResponseWindow`]): the kas whose caller reads a proxied response
+//!   tells agentk how many response bytes it may send (`RequestInfo.response_window`, then
+//!   `WindowUpdate` frames) as the caller takes them, end to end through a relaying kas. The
+//!   window starts at [`INITIAL_RESPONSE_WINDOW`] and grows with what the reader has taken (an
+//!   eighth of it) up to [`MAX_RESPONSE_WINDOW`]: a response that is being read gets a large
+//!   window, one whose reader stopped keeps a few KiB in flight, however many share a
+//!   connection. HTTP/2 cannot do this (every stream of a connection starts from the same window
+//!   and a receiver cannot grant more than it consumed).
+//! - **HTTP/2 windows**: all tunnels of an agentk connection share one HTTP/2 connection (and
+//!   all forwarded tunnels between two kas share one), so a stream whose reader stopped must
+//!   never hold the connection's window: the connection window is sized for every stream holding
+//!   its full stream window at once ([`connection_window`] = streams allowed × [`STREAM_WINDOW`],
+//!   capped at the HTTP/2 maximum). The stream window bounds what response credit does not: a
+//!   peer that ignores credit, request bodies, upgraded connections.
+//!
+//! Per stream a receiving hop also holds tonic's receive buffer (it reserves a whole message
+//! ahead and keeps its largest size for the stream's life): messages are split to the credit
+//! and written one per HTTP/2 write, so a stalled stream's buffer stays small. Issue 12's bound,
+//! 64 MiB per kas for 1,000 unread streams through two kas, is tested in
+//! `tests/backpressure.rs`; ARCHITECTURE.md ("Back-pressure") has the figures.
 
 /// HTTP/2 stream window on every tunnel hop (agentk <-> kas, kas <-> kas): the unread bytes
 /// one stream may leave in a receiver's buffer. One stream's throughput is at most window /
@@ -46,13 +52,19 @@ pub const MAX_CHUNK: usize = 32 * 1024;
 /// [`MAX_CHUNK`] of body, for agentk and kas as shipped).
 pub const HOP_BUFFER: usize = 2;
 
+/// tonic's yield threshold: every encoded message is its own HTTP/2 write, so a receiver's
+/// buffer holds at most about one message (batching small messages saved nothing measurable
+/// here, and batched writes let each receiving stream's buffer grow to the batch).
+pub const YIELD_THRESHOLD: usize = 1;
+
 /// Initial size of tonic's per-stream encode and decode buffers (tonic's default is 8 KiB). Every
 /// stream allocates one of each up front, idle tunnels included; the buffers grow to the message
 /// being coded, so a small start costs nothing for large messages and saves up to 14 KiB per stream.
 pub const CODEC_BUFFER: usize = 1024;
 
 /// The codec of every generated service (`proto/build.rs`): prost with [`CODEC_BUFFER`]-sized
-/// initial buffers and a [`MAX_CHUNK`] yield threshold (one tunnel message per HTTP/2 write).
+/// initial buffers, one message per HTTP/2 write ([`YIELD_THRESHOLD`]), and messages decoded
+/// into their own memory ([`OwnedDecoder`]).
 #[derive(Debug, Clone, Copy)]
 pub struct Codec<T, U>(std::marker::PhantomData<(T, U)>);
 
@@ -63,7 +75,7 @@ impl<T, U> Default for Codec<T, U> {
 }
 
 fn buffer_settings() -> tonic::codec::BufferSettings {
-    tonic::codec::BufferSettings::new(CODEC_BUFFER, MAX_CHUNK)
+    tonic::codec::BufferSettings::new(CODEC_BUFFER, YIELD_THRESHOLD)
 }
 
 impl<T, U> tonic::codec::Codec for Codec<T, U>
@@ -74,14 +86,104 @@ where
     type Encode = T;
     type Decode = U;
     type Encoder = tonic_prost::ProstEncoder<T>;
-    type Decoder = tonic_prost::ProstDecoder<U>;
+    type Decoder = OwnedDecoder<U>;
 
     fn encoder(&mut self) -> Self::Encoder {
         tonic_prost::ProstEncoder::new(buffer_settings())
     }
 
     fn decoder(&mut self) -> Self::Decoder {
-        tonic_prost::ProstDecoder::new(buffer_settings())
+        OwnedDecoder(std::marker::PhantomData)
+    }
+}
+
+/// Decodes each message from its own copy of the bytes. prost's decoder slices `bytes` fields
+/// out of tonic's receive buffer, so one live message keeps the whole buffer allocated and the
+/// next message makes tonic allocate another (heap profiles: ~50 KiB per stream in both kas with
+/// 1,000 stalled streams). With a message-sized copy tonic's buffer is free again as soon as a
+/// message is decoded and is reused in place, and a message holds only its own bytes.
+#[derive(Debug)]
+pub struct OwnedDecoder<U>(std::marker::PhantomData<U>);
+
+impl<U: prost::Message + Default> tonic::codec::Decoder for OwnedDecoder<U> {
+    type Item = U;
+    type Error = tonic::Status;
+
+    fn decode(&mut self, src: &mut tonic::codec::DecodeBuf<'_>) -> Result<Option<U>, tonic::Status> {
+        use bytes::Buf as _;
+        let mut owned = bytes::BytesMut::with_capacity(src.remaining());
+        while src.has_remaining() {
+            let chunk = src.chunk();
+            owned.extend_from_slice(chunk);
+            let n = chunk.len();
+            src.advance(n);
+        }
+        U::decode(owned.freeze()).map(Some).map_err(|e| tonic::Status::internal(e.to_string()))
+    }
+
+    fn buffer_settings(&self) -> tonic::codec::BufferSettings {
+        buffer_settings()
+    }
+}
+
+/// Response credit a receiving kas grants a tunnel's response at first (`RequestInfo`), in bytes
+/// of `Message` data. What a reader that stopped leaves in flight across every hop.
+pub const INITIAL_RESPONSE_WINDOW: u32 = 4 * 1024;
+
+/// The most response credit outstanding for one response: one stream's throughput is at most
+/// this per round trip between agentk and the kas that consumes the response.
+pub const MAX_RESPONSE_WINDOW: u64 = 1024 * 1024;
+
+/// The window grows with what the reader has taken so far (an eighth of it): a reader that took
+/// little before it stopped leaves little in flight, one that keeps reading gets the full window.
+const RESPONSE_WINDOW_GROWTH_DIVISOR: u64 = 8;
+
+/// Response credit, the receiving side (the kas whose caller reads the response): how much more
+/// agentk may send as the caller takes what came. HTTP/2 cannot give one stream a larger window
+/// than the others; this can, so a response being read gets a large window and one whose reader
+/// stopped keeps a small one, however many share the connection.
+#[derive(Debug, Clone)]
+pub struct ResponseWindow {
+    consumed: u64,
+    granted: u64,
+    window: u64,
+}
+
+impl Default for ResponseWindow {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ResponseWindow {
+    pub fn new() -> Self {
+        let window = u64::from(INITIAL_RESPONSE_WINDOW);
+        Self { consumed: 0, granted: window, window }
+    }
+
+    /// The credit to announce in `RequestInfo.response_window`.
+    pub fn initial(&self) -> u32 {
+        INITIAL_RESPONSE_WINDOW
+    }
+
+    /// The window now (bytes in flight allowed).
+    pub fn window(&self) -> u64 {
+        self.window
+    }
+
+    /// `bytes` of response data were taken by the reader. Returns the credit to grant now, if any:
+    /// grants are batched to at least half a window, so credit never arrives in slivers.
+    pub fn consumed(&mut self, bytes: usize) -> Option<u32> {
+        self.consumed += bytes as u64;
+        self.window = (self.consumed / RESPONSE_WINDOW_GROWTH_DIVISOR)
+            .clamp(u64::from(INITIAL_RESPONSE_WINDOW), MAX_RESPONSE_WINDOW);
+        let target = self.consumed + self.window;
+        let update = target.saturating_sub(self.granted);
+        if update == 0 || update < self.window / 2 {
+            return None;
+        }
+        self.granted = target;
+        Some(u32::try_from(update).unwrap_or(u32::MAX))
     }
 }
 
@@ -114,9 +216,32 @@ mod tests {
         for settings in [codec.encoder().buffer_settings(), codec.decoder().buffer_settings()] {
             assert_eq!(
                 format!("{settings:?}"),
-                format!("{:?}", tonic::codec::BufferSettings::new(CODEC_BUFFER, MAX_CHUNK))
+                format!("{:?}", tonic::codec::BufferSettings::new(CODEC_BUFFER, YIELD_THRESHOLD))
             );
         }
+    }
+
+    #[test]
+    fn a_stopped_reader_keeps_a_small_window_and_a_steady_one_gets_the_maximum() {
+        let mut w = ResponseWindow::new();
+        let mut outstanding = u64::from(w.initial());
+        // A reader that takes 40 KiB in 4 KiB messages and stops.
+        for _ in 0..10 {
+            outstanding -= 4096;
+            outstanding += u64::from(w.consumed(4096).unwrap_or(0));
+        }
+        assert!(outstanding <= 16 * 1024, "{outstanding}");
+        // A reader that keeps reading: the window reaches the maximum and the credit outstanding
+        // never exceeds it.
+        for _ in 0..2_000 {
+            let take = outstanding.min(MAX_CHUNK as u64);
+            outstanding -= take;
+            outstanding += u64::from(w.consumed(take as usize).unwrap_or(0));
+            assert!(outstanding <= MAX_RESPONSE_WINDOW);
+            assert!(outstanding > 0, "the sender would stall");
+        }
+        assert_eq!(w.window(), MAX_RESPONSE_WINDOW);
+        assert!(outstanding >= MAX_RESPONSE_WINDOW / 2);
     }
 
     #[test]

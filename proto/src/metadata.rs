@@ -12,6 +12,9 @@ pub const AUTHORIZATION: &str = "authorization";
 pub const HOP_AGENT_ID: &str = "kas-hop-agent-id";
 pub const HOP_CONNECTION_ID: &str = "kas-hop-connection-id";
 pub const HOP_METHOD: &str = "kas-hop-method";
+/// Response header of `ForwardTunnel`: the gateway kas relays `WindowUpdate` frames to agentk
+/// (a kas without it would refuse them), so the routing kas may grant response credit.
+pub const HOP_RESPONSE_CREDIT: &str = "kas-hop-response-credit";
 
 /// The correlation id of a request: the caller's, or one kas makes up. It travels in the
 /// forwarded metadata from the routing kas through the gateway kas to agentk, and every hop logs

@@ -7,6 +7,9 @@
 //! kas -> agentk:               RequestInfo  Message*  CloseSend
 //! ```
 //!
+//! `WindowUpdate` (response credit, see [`crate::flow`]) may come from kas at any point after
+//! `RequestInfo`, also after `CloseSend`.
+//!
 //! kas may only send `RequestInfo` after the `Descriptor`; agentk may only answer after
 //! `RequestInfo`; `Error` may replace the header or end the body. Both sides feed every frame they
 //! send and receive through one [`FrameOrder`], so a violation is detected the same way on both
@@ -25,6 +28,7 @@ pub enum RequestFrame {
     RequestInfo,
     Message,
     CloseSend,
+    WindowUpdate,
 }
 
 /// Frames agentk sends to kas.
@@ -122,6 +126,7 @@ impl FrameOrder {
             }
             (S::Body, F::Message) => S::Body,
             (S::Body, F::CloseSend) => S::Closed,
+            (state @ (S::Body | S::Closed), F::WindowUpdate) => state,
             (state, frame) => {
                 return Err(FrameOrderError { frame: request_name(frame), state: state.describe() });
             }
@@ -164,6 +169,7 @@ fn request_name(f: RequestFrame) -> &'static str {
         RequestFrame::RequestInfo => "RequestInfo",
         RequestFrame::Message => "Message",
         RequestFrame::CloseSend => "CloseSend",
+        RequestFrame::WindowUpdate => "WindowUpdate",
     }
 }
 
@@ -221,6 +227,7 @@ impl pb::ConnectResponse {
             Some(Msg::RequestInfo(_)) => Ok(RequestFrame::RequestInfo),
             Some(Msg::Message(_)) => Ok(RequestFrame::Message),
             Some(Msg::CloseSend(_)) => Ok(RequestFrame::CloseSend),
+            Some(Msg::WindowUpdate(_)) => Ok(RequestFrame::WindowUpdate),
             None => Err(FrameOrderError { frame: "empty", state: "(frames must carry a message)" }),
         }
     }
@@ -233,6 +240,9 @@ impl pb::ConnectResponse {
     }
     pub fn close_send() -> Self {
         Self { msg: Some(connect_response::Msg::CloseSend(pb::CloseSend {})) }
+    }
+    pub fn window_update(bytes: u32) -> Self {
+        Self { msg: Some(connect_response::Msg::WindowUpdate(pb::WindowUpdate { bytes })) }
     }
 }
 
@@ -332,6 +342,20 @@ mod tests {
     }
 
     #[test]
+    fn window_updates_follow_request_info_also_after_close_send() {
+        assert!(idle().request(Q::WindowUpdate).is_err());
+        let mut o = idle();
+        o.request(Q::RequestInfo).unwrap();
+        o.request(Q::WindowUpdate).unwrap();
+        o.request(Q::CloseSend).unwrap();
+        o.request(Q::WindowUpdate).unwrap();
+        o.response(R::Header).unwrap();
+        o.response(R::Trailer).unwrap();
+        o.request(Q::WindowUpdate).unwrap();
+        assert!(o.is_done());
+    }
+
+    #[test]
     fn empty_frames_are_rejected() {
         assert!(pb::ConnectRequest { msg: None }.kind().is_err());
         assert!(pb::ConnectResponse { msg: None }.kind().is_err());
@@ -365,7 +389,8 @@ mod proptests {
 
     fn event() -> impl Strategy<Value = Event> {
         prop_oneof![
-            prop_oneof![Just(Q::RequestInfo), Just(Q::Message), Just(Q::CloseSend)].prop_map(Event::Request),
+            prop_oneof![Just(Q::RequestInfo), Just(Q::Message), Just(Q::CloseSend), Just(Q::WindowUpdate)]
+                .prop_map(Event::Request),
             prop_oneof![Just(R::Descriptor), Just(R::Header), Just(R::Message), Just(R::Trailer), Just(R::Error)]
                 .prop_map(Event::Response),
         ]
@@ -374,7 +399,7 @@ mod proptests {
     /// What has been seen so far, as the grammar talks about it:
     /// `agentk: Descriptor ... Header Message* (Trailer | Error)` (Error may replace the Header),
     /// `kas: RequestInfo Message* CloseSend`, RequestInfo only after the Descriptor, the answer
-    /// only after RequestInfo.
+    /// only after RequestInfo, WindowUpdate anywhere after RequestInfo.
     #[derive(Clone, Copy, Debug, Default)]
     struct Model {
         descriptor: bool,
@@ -409,6 +434,11 @@ mod proptests {
                         return Err((name, "after CloseSend"));
                     }
                     self.close_send = f == Q::CloseSend;
+                }
+                Q::WindowUpdate => {
+                    if !self.request_info {
+                        return Err(("WindowUpdate", "before RequestInfo"));
+                    }
                 }
             }
             Ok(())

@@ -289,6 +289,8 @@ async fn routing_metadata_and_credentials_never_reach_agentk() {
     tx.send(ConnectRequest::descriptor(pb::Descriptor {
         connection_id: 4242,
         methods: vec![kas_proto::get_pods::METHOD.into()],
+        // An agentk that predates response credit.
+        response_credit: false,
     }))
     .await
     .unwrap();

@@ -195,7 +195,10 @@ impl Peers {
         // waited for until then: the keepalive ping closes its connection first.
         request.set_timeout(wait);
         match client.forward_tunnel(request).await {
-            Ok(response) => Ok(TunnelIo::remote(tx, response.into_inner().boxed())),
+            Ok(response) => {
+                let response_credit = response.metadata().contains_key(kas_proto::metadata::HOP_RESPONSE_CREDIT);
+                Ok(TunnelIo::remote(tx, response.into_inner().boxed(), response_credit))
+            }
             Err(status) if is_transport_failure(&status) => {
                 Shared::mark_down(&self.shared, &address, &status);
                 Err(PeerError::Down)

@@ -237,7 +237,7 @@ impl AgentTunnel for AgentService {
             return Err(Status::invalid_argument("Descriptor.methods must name at least one method"));
         }
         let (tx, rx) = mpsc::channel(TUNNEL_SEND_BUFFER);
-        let (io, closed) = TunnelIo::local(tx, inbound.boxed(), order);
+        let (io, closed) = TunnelIo::local(tx, inbound.boxed(), order, descriptor.response_credit);
         self.tunnels.register(agent.agent_id, connection_id, descriptor.methods, io, closed);
         Ok(Response::new(ReceiverStream::new(rx)))
     }

@@ -108,7 +108,10 @@ impl KasInternal for InternalService {
         let target = hop_target(md)?;
         let deadline = super::grpc_timeout(md);
         // NOT_FOUND here, before the response headers, tells the routing kas to try elsewhere.
-        let tunnel = self.router.route_local(&target, deadline).await?;
+        let mut tunnel = self.router.route_local(&target, deadline).await?;
+        // The routing kas grants the response credit; its WindowUpdates reach agentk through
+        // `pipe_requests` (or are dropped if this agentk does not take them).
+        tunnel.relay();
         let (to_agent, from_agent) = tunnel.split();
         let from_routing = request.into_inner();
         let span = tracing::debug_span!(
@@ -136,7 +139,13 @@ impl KasInternal for InternalService {
             },
             span,
         ));
-        Ok(Response::new(Box::pin(responses(from_agent, requests_ended, responses_ended.drop_guard()))))
+        let mut response =
+            Response::new(Box::pin(responses(from_agent, requests_ended, responses_ended.drop_guard()))
+                as Self::ForwardTunnelStream);
+        response
+            .metadata_mut()
+            .insert(kas_proto::metadata::HOP_RESPONSE_CREDIT, tonic::metadata::MetadataValue::from_static("1"));
+        Ok(response)
     }
 }
 

@@ -9,8 +9,10 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::BoxStream;
+use kas_proto::flow::ResponseWindow;
+use kas_proto::tunnel::pb::connect_response;
 use kas_proto::tunnel::pb::{self, ConnectRequest, ConnectResponse, connect_request};
-use kas_proto::tunnel::{FrameOrder, FrameOrderError};
+use kas_proto::tunnel::{FrameOrder, FrameOrderError, RequestFrame};
 use tokio::sync::mpsc;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tonic::Status;
@@ -50,6 +52,28 @@ impl Outbound {
             Self::Peer(tx) => tx.is_closed(),
         }
     }
+
+    /// Room for one frame; `Err` when the tunnel's sending side is gone.
+    async fn reserve(&self) -> Result<OutboundPermit<'_>, ()> {
+        match self {
+            Self::Agent(tx) => tx.reserve().await.map(OutboundPermit::Agent).map_err(|_| ()),
+            Self::Peer(tx) => tx.reserve().await.map(OutboundPermit::Peer).map_err(|_| ()),
+        }
+    }
+}
+
+enum OutboundPermit<'a> {
+    Agent(mpsc::Permit<'a, Result<ConnectResponse, Status>>),
+    Peer(mpsc::Permit<'a, ConnectResponse>),
+}
+
+impl OutboundPermit<'_> {
+    fn send(self, frame: ConnectResponse) {
+        match self {
+            Self::Agent(permit) => permit.send(Ok(frame)),
+            Self::Peer(permit) => permit.send(frame),
+        }
+    }
 }
 
 type SharedOrder = Arc<Mutex<FrameOrder>>;
@@ -71,10 +95,16 @@ pub struct TunnelIo {
     receiver: TunnelReceiver,
 }
 
-/// Sends request frames (RequestInfo, Message, CloseSend).
+/// Sends request frames (RequestInfo, Message, CloseSend, WindowUpdate).
 pub struct TunnelSender {
     out: Outbound,
     order: SharedOrder,
+    /// The other end takes `WindowUpdate` frames (agentk's Descriptor, or the peer kas's
+    /// response header); towards one that does not, they are dropped.
+    takes_window_updates: bool,
+    /// This kas grants the response credit (announced in `RequestInfo`); off when it relays a
+    /// routing kas's tunnel, whose own `RequestInfo` and `WindowUpdate`s pass through.
+    grants: bool,
     _lifetime: Arc<Lifetime>,
 }
 
@@ -93,6 +123,13 @@ pub struct TunnelReceiver {
     from: BoxStream<'static, Result<ConnectRequest, Status>>,
     out: Outbound,
     order: SharedOrder,
+    /// Response credit granted as the reader takes the response (`kas_proto::flow`); `None`
+    /// when the other end does not take it or this kas only relays.
+    window: Option<ResponseWindow>,
+    /// Data bytes of the last message returned, taken by the reader once it asks for the next.
+    last_message: usize,
+    /// Credit granted but not sent yet (the request side's channel was full).
+    pending_credit: u32,
     _lifetime: Arc<Lifetime>,
 }
 
@@ -128,19 +165,39 @@ pub struct UnaryResponse {
 impl TunnelIo {
     /// A local agentk tunnel; `order` must already have seen the Descriptor. Also returns the
     /// signal that tells the tunnel registry when to forget the tunnel.
+    /// `response_credit`: agentk's Descriptor says it honours response credit.
     pub fn local(
         to_agent: ToAgent,
         from_agent: BoxStream<'static, Result<ConnectRequest, Status>>,
         order: FrameOrder,
+        response_credit: bool,
     ) -> (Self, ClosedSignal) {
         let done = CancellationToken::new();
         let signal = ClosedSignal { to_agent: to_agent.clone(), done: done.clone() };
-        (Self::new(Outbound::Agent(to_agent), from_agent, order, done), signal)
+        (Self::new(Outbound::Agent(to_agent), from_agent, order, done, response_credit), signal)
     }
 
-    /// A tunnel through another kas (its Descriptor was consumed there).
-    pub fn remote(to_peer: ToPeer, from_peer: BoxStream<'static, Result<ConnectRequest, Status>>) -> Self {
-        Self::new(Outbound::Peer(to_peer), from_peer, FrameOrder::after_descriptor(), CancellationToken::new())
+    /// A tunnel through another kas (its Descriptor was consumed there); `response_credit`: the
+    /// peer relays `WindowUpdate` frames (`kas_proto::metadata::HOP_RESPONSE_CREDIT`).
+    pub fn remote(
+        to_peer: ToPeer,
+        from_peer: BoxStream<'static, Result<ConnectRequest, Status>>,
+        response_credit: bool,
+    ) -> Self {
+        Self::new(
+            Outbound::Peer(to_peer),
+            from_peer,
+            FrameOrder::after_descriptor(),
+            CancellationToken::new(),
+            response_credit,
+        )
+    }
+
+    /// This kas relays the tunnel for a routing kas, which grants the response credit itself:
+    /// its `RequestInfo` and `WindowUpdate`s pass through unchanged.
+    pub fn relay(&mut self) {
+        self.sender.grants = false;
+        self.receiver.window = None;
     }
 
     fn new(
@@ -148,6 +205,7 @@ impl TunnelIo {
         from: BoxStream<'static, Result<ConnectRequest, Status>>,
         order: FrameOrder,
         done: CancellationToken,
+        response_credit: bool,
     ) -> Self {
         let order = Arc::new(Mutex::new(order));
         let lifetime = Arc::new(Lifetime {
@@ -157,8 +215,22 @@ impl TunnelIo {
             abort_reason: Mutex::default(),
         });
         Self {
-            sender: TunnelSender { out: out.clone(), order: order.clone(), _lifetime: lifetime.clone() },
-            receiver: TunnelReceiver { from, out, order, _lifetime: lifetime },
+            sender: TunnelSender {
+                out: out.clone(),
+                order: order.clone(),
+                takes_window_updates: response_credit,
+                grants: response_credit,
+                _lifetime: lifetime.clone(),
+            },
+            receiver: TunnelReceiver {
+                from,
+                out,
+                order,
+                window: response_credit.then(ResponseWindow::new),
+                last_message: 0,
+                pending_credit: 0,
+                _lifetime: lifetime,
+            },
         }
     }
 
@@ -184,7 +256,13 @@ impl TunnelIo {
         body: Bytes,
     ) -> Result<UnaryResponse, KasError> {
         let (sender, mut receiver) = self.split();
-        sender.send(ConnectResponse::request_info(pb::RequestInfo { method: method.to_owned(), metadata })).await?;
+        sender
+            .send(ConnectResponse::request_info(pb::RequestInfo {
+                method: method.to_owned(),
+                metadata,
+                response_window: 0,
+            }))
+            .await?;
         sender.send(ConnectResponse::message(body)).await?;
         sender.send(ConnectResponse::close_send()).await?;
         let mut header = HashMap::new();
@@ -227,7 +305,14 @@ impl TunnelSender {
     }
 
     /// Sends one frame (checked against the frame order first).
-    pub async fn send(&self, frame: ConnectResponse) -> Result<(), KasError> {
+    pub async fn send(&self, mut frame: ConnectResponse) -> Result<(), KasError> {
+        match &mut frame.msg {
+            Some(connect_response::Msg::WindowUpdate(_)) if !self.takes_window_updates => return Ok(()),
+            Some(connect_response::Msg::RequestInfo(info)) if self.grants => {
+                info.response_window = kas_proto::flow::INITIAL_RESPONSE_WINDOW;
+            }
+            _ => {}
+        }
         check(&self.order, |o| frame.kind().and_then(|kind| o.request(kind)))
             .map_err(|e| KasError::InvalidArgument(e.to_string()))?;
         self.out.send(frame).await.map_err(|()| KasError::Tunnel("the tunnel closed".into()))
@@ -237,14 +322,32 @@ impl TunnelSender {
 impl TunnelReceiver {
     /// Receives one frame; `None` when the stream ended. An out-of-order frame ends the tunnel
     /// with INVALID_ARGUMENT and is returned as an error.
+    /// Asking for the next frame means the reader took the previous one: that grants response
+    /// credit, sent while waiting for the next frame.
     pub async fn recv(&mut self) -> Result<Option<connect_request::Msg>, KasError> {
-        let next = tokio::select! {
-            biased;
-            () = self._lifetime.aborted.cancelled() => {
-                let error = self._lifetime.abort_reason.lock().unwrap_or_else(PoisonError::into_inner).clone();
-                return Err(error.unwrap_or_else(|| KasError::InvalidArgument("the request was aborted".into())));
+        if let Some(window) = &mut self.window
+            && self.last_message > 0
+        {
+            let credit = window.consumed(std::mem::take(&mut self.last_message)).unwrap_or(0);
+            self.pending_credit = self.pending_credit.saturating_add(credit);
+        }
+        let next = loop {
+            tokio::select! {
+                biased;
+                () = self._lifetime.aborted.cancelled() => {
+                    let error = self._lifetime.abort_reason.lock().unwrap_or_else(PoisonError::into_inner).clone();
+                    return Err(error.unwrap_or_else(|| KasError::InvalidArgument("the request was aborted".into())));
+                }
+                permit = self.out.reserve(), if self.pending_credit > 0 => {
+                    let credit = std::mem::take(&mut self.pending_credit);
+                    if let Ok(permit) = permit
+                        && check(&self.order, |o| o.request(RequestFrame::WindowUpdate)).is_ok()
+                    {
+                        permit.send(ConnectResponse::window_update(credit));
+                    }
+                }
+                next = self.from.next() => break next,
             }
-            next = self.from.next() => next,
         };
         let frame = match next {
             None => return Ok(None),
@@ -255,6 +358,9 @@ impl TunnelReceiver {
             self.out.fail(violation.clone().into());
             tracing::warn!(error = %violation, "agentk broke the tunnel protocol");
             return Err(KasError::Tunnel(violation.to_string()));
+        }
+        if let Some(connect_request::Msg::Message(m)) = &frame.msg {
+            self.last_message = m.data.len();
         }
         Ok(frame.msg)
     }

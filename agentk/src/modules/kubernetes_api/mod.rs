@@ -100,10 +100,11 @@ const BODY_BUFFER: usize = kas_proto::flow::HOP_BUFFER;
 const API_SERVER_READ_BUFFER: usize = 64 * 1024;
 /// Request body read from the tunnel ahead of an API server that is not reading it. The end of
 /// an HTTP/2 stream queues behind its data, so kas ending the tunnel (the caller went away) is
-/// seen only once the frames before it are read. Above the API server's own 3 MiB body limit
-/// (and kas's REST limit), so such a body is read to its end and the tunnel's end is seen; for a
-/// larger body the response header timeout frees the tunnel.
-const BODY_READ_AHEAD: usize = 4 * 1024 * 1024;
+/// seen only once the frames before it are read. With the tunnel's own read-ahead
+/// ([`crate::tunnel::REQUEST_READ_AHEAD`], 1 MiB) 4 MiB in all, above the API server's own 3 MiB
+/// body limit (and kas's REST limit), so such a body is read to its end and the tunnel's end is
+/// seen; for a larger body the response header timeout frees the tunnel.
+const BODY_READ_AHEAD: usize = 3 * 1024 * 1024;
 /// Read size for an upgraded connection.
 const UPGRADED_READ_BUFFER: usize = 16 * 1024;
 
@@ -326,8 +327,15 @@ impl KubernetesApi {
             let Some(frame) = frame else { break };
             let frame = frame.map_err(|e| Status::unavailable(format!("Kubernetes API response failed: {e}")))?;
             if let Ok(data) = frame.into_data() {
-                // Bounded messages keep every hop's buffers bounded in bytes.
-                for piece in kas_proto::flow::split_chunk(data) {
+                // Bounded messages keep every hop's buffers bounded in bytes; within the
+                // response credit, a reader that stopped gets small ones.
+                let mut data = data;
+                while !data.is_empty() {
+                    let size = tokio::select! {
+                        size = responder.next_message_size(kas_proto::flow::MAX_CHUNK) => size?,
+                        () = responder.closed() => return Err(caller_gone()),
+                    };
+                    let piece = data.split_to(size.min(data.len()));
                     responder.message(HttpFrame::body(piece).to_bytes()).await?;
                 }
             }
@@ -436,6 +444,7 @@ async fn upgraded(
     responder: &Responder,
     response: http::Response<Incoming>,
 ) -> Result<(), Status> {
+    responder.without_credit();
     let io = hyper::upgrade::on(response)
         .await
         .map_err(|e| Status::unavailable(format!("Kubernetes API upgrade failed: {e}")))?;

@@ -75,7 +75,9 @@ pub async fn start(
         "Kubernetes API request routed"
     );
     let (sender, receiver) = tunnel.split();
-    sender.send(ConnectResponse::request_info(RequestInfo { method: METHOD.to_owned(), metadata })).await?;
+    sender
+        .send(ConnectResponse::request_info(RequestInfo { method: METHOD.to_owned(), metadata, response_window: 0 }))
+        .await?;
     sender.send(ConnectResponse::message(HttpFrame::request_head(head).to_bytes())).await?;
     Ok(Exchange { receiver, sender: Some(sender) })
 }
@@ -116,11 +118,8 @@ impl Exchange {
                                 continue;
                             }
                             metrics::proxied_bytes("response", chunk.len());
-                            // A copy of exactly the chunk: the decoded chunk is a slice of
-                            // tonic's receive buffer, an allocation up to a few messages long
-                            // (tonic reserves ahead and doubles), which the chunk would keep
-                            // alive for as long as the caller leaves it unwritten.
-                            let chunk = Bytes::copy_from_slice(&chunk);
+                            // The chunk holds only its own message's bytes (`flow::OwnedDecoder`),
+                            // not tonic's receive buffer, however long the caller leaves it unwritten.
                             return Some((Ok(chunk), Some(receiver)));
                         }
                         Ok(_) => {

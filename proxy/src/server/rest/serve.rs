@@ -24,7 +24,23 @@ use crate::server::listen::{Accepted, Acceptor, Guarded};
 /// operators may raise); a proxied response waits on this instead ([`WriteProgress::gate`]), so
 /// a caller that stops reading leaves at most this much (plus one chunk) in kas. Two chunks:
 /// one being written while the next is ready (one chunk cost a third of the throughput).
-pub const MAX_UNSENT_RESPONSE_BYTES: u64 = 2 * kas_proto::flow::MAX_CHUNK as u64;
+pub const MAX_UNSENT_RESPONSE_BYTES: u64 = 0;
+
+/// `TCP_NOTSENT_LOWAT` of callers' connections: the socket takes more of a response only while
+/// less than this is waiting to be *sent*. Bytes in flight to the caller are still limited by TCP
+/// alone (the window a fast, distant caller needs), but a caller that stopped reading no longer
+/// lets the kernel swallow megabytes (send buffers autotune to 4 MiB), which kas would count as
+/// read and answer with more response credit (`kas_proto::flow::ResponseWindow`).
+pub const MAX_UNSENT_SOCKET_BYTES: u32 = 16 * 1024;
+
+fn bound_unsent_bytes(tcp: &tokio::net::TcpStream) {
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    if let Err(e) = socket2::SockRef::from(tcp).set_tcp_notsent_lowat(MAX_UNSENT_SOCKET_BYTES) {
+        tracing::debug!(error = %e, "setting TCP_NOTSENT_LOWAT failed");
+    }
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    let _ = tcp;
+}
 
 /// Bytes written to one connection's socket so far; a request extension on HTTP/1 connections
 /// (one response at a time, so the connection's progress is the response's progress).
@@ -173,6 +189,7 @@ pub async fn serve(
             () = shutdown.cancelled() => break,
             accepted = acceptor.accept() => accepted,
         };
+        bound_unsent_bytes(&tcp);
         let connect_info = tonic::transport::server::TcpConnectInfo {
             local_addr: tcp.local_addr().ok(),
             remote_addr: tcp.peer_addr().ok(),
