@@ -22,8 +22,9 @@ use crate::server::listen::{Accepted, Acceptor, Guarded};
 /// streamed response handed to hyper. hyper buffers a response body up to its `max_buf_size`
 /// once the socket is full, and that is the header limit (`limits.max_http_header_bytes`, which
 /// operators may raise); a proxied response waits on this instead ([`WriteProgress::gate`]), so
-/// a caller that stops reading leaves at most this much (plus one chunk) in kas. Two chunks:
-/// one being written while the next is ready (one chunk cost a third of the throughput).
+/// a caller that stops reading leaves at most this much (plus one chunk) in kas. None: the
+/// socket's own unsent bytes ([`MAX_UNSENT_SOCKET_BYTES`]) keep it busy while the next chunk
+/// comes, and what hyper holds would count as read for the response credit.
 pub const MAX_UNSENT_RESPONSE_BYTES: u64 = 0;
 
 /// `TCP_NOTSENT_LOWAT` of callers' connections: the socket takes more of a response only while
