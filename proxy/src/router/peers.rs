@@ -39,6 +39,9 @@ const PEER_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Frames buffered towards the gateway kas (each at most one body chunk); HTTP/2 flow control
 /// does the rest.
 const PEER_SEND_BUFFER: usize = kas_proto::flow::HOP_BUFFER;
+/// Streams a peer connection remembers after resetting them (h2's default is 10): frames still
+/// in flight for them are then ignored as the protocol wants, not treated as errors.
+const PEER_RESET_STREAMS_REMEMBERED: usize = 1024;
 /// A down peer is probed after this, doubling per failed probe up to the cap (±20 % jitter):
 /// a dead kas costs each peer at most a few dials per second, a revived one is used again
 /// within the cap.
@@ -290,6 +293,14 @@ impl Shared {
             // not hold its window (`kas_proto::flow`).
             .initial_stream_window_size(kas_proto::flow::STREAM_WINDOW)
             .initial_connection_window_size(kas_proto::flow::CONNECTION_WINDOW)
+            // h2 counts every frame that arrives for a stream it reset and no longer remembers
+            // as the peer's error and, at 1,024 over the connection's life, closes it with
+            // GOAWAY: under load (kas-bench, 4,000 forwarded requests a second) that took the
+            // connection to the gateway down every few seconds, failing the requests on it. The
+            // peer is another kas, authenticated by the kas secret, so the limit (a defence
+            // against hostile peers) is off on this side and more resets are remembered.
+            .http2_max_local_error_reset_streams(None)
+            .http2_max_concurrent_reset_streams(PEER_RESET_STREAMS_REMEMBERED)
             .connect_lazy())
     }
 

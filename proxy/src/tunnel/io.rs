@@ -362,6 +362,15 @@ impl TunnelReceiver {
         if let Some(connect_request::Msg::Message(m)) = &frame.msg {
             self.last_message = m.data.len();
         }
+        if lock(&self.order).is_done() {
+            // The response ended; the stream's own end (agentk's END_STREAM, the gateway's
+            // gRPC trailers) follows at once. Read it elsewhere instead of dropping the stream
+            // before it: HTTP/2 would reset the stream, and at thousands of requests a second
+            // the frames arriving on reset streams h2 no longer remembers count as errors until
+            // h2 closes the whole connection ("locally-reset streams reached limit").
+            let rest = std::mem::replace(&mut self.from, futures::stream::empty().boxed());
+            tokio::spawn(read_to_end(rest));
+        }
         Ok(frame.msg)
     }
 
@@ -374,6 +383,13 @@ impl TunnelReceiver {
         self.out.fail(Status::invalid_argument(why.to_owned()));
         KasError::Tunnel(why.to_owned())
     }
+}
+
+/// How long the end of a tunnel stream is waited for once its response ended.
+const STREAM_END_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+async fn read_to_end(mut rest: BoxStream<'static, Result<ConnectRequest, Status>>) {
+    let _ = tokio::time::timeout(STREAM_END_WAIT, async { while let Some(Ok(_)) = rest.next().await {} }).await;
 }
 
 /// A failed tunnel stream (agentk went away, or the gateway kas ended the forwarded stream; agent

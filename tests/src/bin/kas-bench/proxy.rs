@@ -153,16 +153,22 @@ fn free_port() -> Result<u16, Unavailable> {
 }
 
 /// Reads `stream` line by line on a thread until `pick` finds what it wants (or 20 s pass);
-/// keeps draining afterwards so the child never blocks on a full pipe.
+/// keeps draining afterwards so the child never blocks on a full pipe, and prints the warnings
+/// and errors kas and agentk log (JSON lines), which explain failed requests.
 fn read_until<R: std::io::Read + Send + 'static>(
+    role: &str,
     stream: R,
     pick: impl Fn(&str) -> Option<String> + Send + 'static,
 ) -> Option<String> {
     let (tx, rx) = std::sync::mpsc::channel();
+    let role = role.to_owned();
     std::thread::spawn(move || {
         let mut sent = false;
         for line in BufReader::new(stream).lines() {
             let Ok(line) = line else { break };
+            if line.contains("WARN") || line.contains("ERROR") {
+                eprintln!("{role}: {line}");
+            }
             if !sent && let Some(found) = pick(&line) {
                 let _ = tx.send(found);
                 sent = true;
@@ -177,7 +183,7 @@ fn start_upstream() -> Result<(Proc, String), Unavailable> {
     let mut p = spawn("upstream", Command::new(exe).arg("--upstream").stdout(Stdio::piped()))?;
     let stdout = p.child.stdout.take().ok_or_else(|| failed("upstream stdout"))?;
     let addr =
-        read_until(stdout, |l| Some(l.trim().to_owned())).ok_or_else(|| failed("upstream printed no address"))?;
+        read_until("upstream", stdout, |l| Some(l.trim().to_owned())).ok_or_else(|| failed("upstream printed no address"))?;
     Ok((p, addr))
 }
 
@@ -195,7 +201,7 @@ fn start_kas(config: &kas::Config, dir: &Path, role: &str) -> Result<(Proc, Stri
             .stderr(Stdio::piped()),
     )?;
     let stderr = kas.child.stderr.take().ok_or_else(|| failed("kas stderr"))?;
-    let found = read_until(stderr, |line| {
+    let found = read_until(role, stderr, |line| {
         let v = serde_json::from_str::<serde_json::Value>(line).ok()?;
         if v["fields"]["message"] != "kas listening" {
             return None;
@@ -208,7 +214,7 @@ fn start_kas(config: &kas::Config, dir: &Path, role: &str) -> Result<(Proc, Stri
 }
 
 fn start_agentk(kas_agent: &str, token_file: &Path, kubeconfig: &Path) -> Result<Proc, Unavailable> {
-    spawn(
+    let mut agentk = spawn(
         "agentk",
         Command::new(sibling_binary("agentk")?)
             .arg(format!("--kas-address=grpc://{kas_agent}"))
@@ -221,8 +227,12 @@ fn start_agentk(kas_agent: &str, token_file: &Path, kubeconfig: &Path) -> Result
                     .unwrap_or_default(),
             )
             .stdout(Stdio::null())
-            .stderr(Stdio::null()),
-    )
+            .stderr(Stdio::piped()),
+    )?;
+    // Only drained, for its warnings: agentk announces nothing the benchmark waits for.
+    let stderr = agentk.child.stderr.take().ok_or_else(|| failed("agentk stderr"))?;
+    std::thread::spawn(move || read_until("agentk", stderr, |_| None));
+    Ok(agentk)
 }
 
 fn kubeconfig(server: &str, token: &str) -> String {
@@ -311,7 +321,7 @@ async fn start_bore(upstream: &str) -> Result<(Vec<Proc>, String), Unavailable> 
         )?;
         let stdout = client.child.stdout.take().ok_or_else(|| failed("bore stdout"))?;
         // "listening at 127.0.0.1:<remote port>" (the message text, never colored).
-        let port = read_until(stdout, |l| {
+        let port = read_until("bore", stdout, |l| {
             let rest = &l[l.find("listening at ")? + "listening at ".len()..];
             let port: String = rest.rsplit_once(':')?.1.chars().take_while(char::is_ascii_digit).collect();
             (!port.is_empty()).then_some(port)
