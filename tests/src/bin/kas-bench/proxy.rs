@@ -182,8 +182,8 @@ fn start_upstream() -> Result<(Proc, String), Unavailable> {
     let exe = std::env::current_exe().map_err(failed)?;
     let mut p = spawn("upstream", Command::new(exe).arg("--upstream").stdout(Stdio::piped()))?;
     let stdout = p.child.stdout.take().ok_or_else(|| failed("upstream stdout"))?;
-    let addr =
-        read_until("upstream", stdout, |l| Some(l.trim().to_owned())).ok_or_else(|| failed("upstream printed no address"))?;
+    let addr = read_until("upstream", stdout, |l| Some(l.trim().to_owned()))
+        .ok_or_else(|| failed("upstream printed no address"))?;
     Ok((p, addr))
 }
 
