@@ -121,6 +121,8 @@ struct Shared {
     /// (namespace, pod, line) appended to a log
     log_lines: broadcast::Sender<(String, String, String)>,
     token: String,
+    /// Pod filesystems and remote-command sessions (exec, attach, cp).
+    containers: Arc<crate::remote_command::Containers>,
 }
 
 /// Handle to a running fake API server; the server stops when the last handle is dropped.
@@ -163,6 +165,7 @@ impl FakeKube {
             events: broadcast::channel(1024).0,
             log_lines: broadcast::channel(1024).0,
             token: format!("sa-token-{}", rand_suffix()),
+            containers: Arc::default(),
         });
         let shutdown = CancellationToken::new();
         let app = Router::new()
@@ -175,6 +178,11 @@ impl FakeKube {
             .route("/api/v1/namespaces/{ns}/pods/{name}", get(get_pod).patch(patch_pod).put(put_pod).delete(delete_pod))
             .route("/api/v1/namespaces/{ns}/pods/{name}/log", get(pod_log))
             .route("/api/v1/namespaces/{ns}/pods/{name}/exec", get(exec).post(exec))
+            .route("/api/v1/namespaces/{ns}/pods/{name}/attach", get(attach).post(attach))
+            .route(
+                "/api/v1/namespaces/{ns}/pods/{name}/portforward",
+                get(crate::spdy_passthrough::port_forward).post(crate::spdy_passthrough::port_forward),
+            )
             .layer(middleware::from_fn_with_state(shared.clone(), record_and_authorize))
             .with_state(shared.clone());
         let stop = shutdown.clone();
@@ -678,35 +686,50 @@ async fn pod_log(
     text(Body::from_stream(stream))
 }
 
-/// The WebSocket remote-command protocol (v4/v5.channel.k8s.io) as the kubelet speaks it, for
-/// `echo`: stdout on channel 1, the exit status on channel 3, then close.
+type WsUpgrade = Result<axum::extract::ws::WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>;
+
+/// `pods/exec` over WebSocket (see [`crate::remote_command`]).
 async fn exec(
     State(fake): St,
     Path((ns, name)): Path<(String, String)>,
     Query(q): Query<Vec<(String, String)>>,
-    ws: Result<axum::extract::ws::WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
+    ws: WsUpgrade,
 ) -> Response {
-    use axum::extract::ws::Message;
+    let command: Vec<String> = q.iter().filter(|(k, _)| k == "command").map(|(_, v)| v.clone()).collect();
+    remote_command(fake, ns, name, &q, ws, crate::remote_command::Session::Exec(command))
+}
+
+/// `pods/attach` over WebSocket (see [`crate::remote_command`]).
+async fn attach(
+    State(fake): St,
+    Path((ns, name)): Path<(String, String)>,
+    Query(q): Query<Vec<(String, String)>>,
+    ws: WsUpgrade,
+) -> Response {
+    remote_command(fake, ns, name, &q, ws, crate::remote_command::Session::Attach)
+}
+
+fn remote_command(
+    fake: Arc<Shared>,
+    ns: String,
+    name: String,
+    q: &[(String, String)],
+    ws: WsUpgrade,
+    session: crate::remote_command::Session,
+) -> Response {
     if !fake.lock().pods.contains_key(&(ns.clone(), name.clone())) {
         return status(StatusCode::NOT_FOUND, "NotFound", &format!("pods \"{name}\" not found"));
     }
     let Ok(ws) = ws else {
-        return status(StatusCode::BAD_REQUEST, "BadRequest", "exec needs a WebSocket upgrade");
+        return status(StatusCode::BAD_REQUEST, "BadRequest", "this endpoint needs a WebSocket upgrade");
     };
-    let command: Vec<String> = q.iter().filter(|(k, _)| k == "command").map(|(_, v)| v.clone()).collect();
-    ws.protocols(["v5.channel.k8s.io", "v4.channel.k8s.io"]).on_upgrade(move |mut socket| async move {
-        let output = match command.split_first() {
-            Some((cmd, args)) if cmd == "echo" => format!("{}\n", args.join(" ")),
-            _ => format!("fake exec: {}\n", command.join(" ")),
-        };
-        let mut stdout = vec![1u8];
-        stdout.extend_from_slice(output.as_bytes());
-        let mut status = vec![3u8];
-        status.extend_from_slice(br#"{"metadata":{},"status":"Success"}"#);
-        let _ = socket.send(Message::Binary(stdout.into())).await;
-        let _ = socket.send(Message::Binary(status.into())).await;
-        // A normal closure (1000), as the kubelet sends; kubectl treats "no status" as an error.
-        let close = axum::extract::ws::CloseFrame { code: axum::extract::ws::close_code::NORMAL, reason: "".into() };
-        let _ = socket.send(Message::Close(Some(close))).await;
-    })
+    let stdin = q.iter().any(|(k, v)| k == "stdin" && (v == "true" || v == "1"));
+    crate::remote_command::serve(fake.containers.clone(), ws, ns, name, session, stdin)
+}
+
+impl FakeKube {
+    /// Pod filesystems and what the remote-command sessions saw.
+    pub fn containers(&self) -> Arc<crate::remote_command::Containers> {
+        self.shared.containers.clone()
+    }
 }

@@ -11,7 +11,9 @@ pub mod git_http;
 pub mod process;
 pub mod redis_server;
 pub mod registry_conformance;
+pub mod remote_command;
 pub mod slow_client;
+pub mod spdy_passthrough;
 pub mod tls_listener;
 pub mod unconnectable;
 

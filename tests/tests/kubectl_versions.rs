@@ -1,0 +1,285 @@
+//! Every kubectl the machine ships (`kubectl.1.27` … in the Google Cloud SDK's bin folder) ×
+//! the streaming verbs, through kas: kubectl → kas's Kubernetes proxy → agentk → the fake API
+//! server. One cluster for the whole matrix; the versions run concurrently, each in its own
+//! namespace.
+//!
+//! Which transport each kubectl uses (looked up in the binaries' feature gates, see
+//! k8s.io/kubectl/pkg/cmd/util/env_flags.go / features): remote command (exec, attach, cp) over
+//! WebSocket from 1.30 on by default (`KUBECTL_REMOTE_COMMAND_WEBSOCKETS`, present from 1.29 where
+//! it is off by default), SPDY/3.1 before; port-forward over WebSocket from 1.31 on by default
+//! (`KUBECTL_PORT_FORWARD_WEBSOCKETS`), and that WebSocket carries SPDY frames
+//! (`SPDY/3.1+portforward.k8s.io` tunnelling). The fake API server speaks WebSocket remote command
+//! (v5 and v4); it has no SPDY server, so SPDY sessions are covered by
+//! `spdy_upgrade_passes_through_kas_byte_for_byte` only.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use kas_e2e::Cluster;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, Command};
+
+const SDK_BIN: &str = "/usr/lib/google-cloud-sdk/bin";
+
+/// The versioned kubectl binaries, oldest first, as (minor version, path).
+fn versioned_kubectls() -> Vec<(u32, PathBuf)> {
+    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir(SDK_BIN)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name().into_string().ok()?;
+            let minor = name.strip_prefix("kubectl.1.")?.parse().ok()?;
+            Some((minor, entry.path()))
+        })
+        .collect();
+    found.sort();
+    if found.is_empty() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "no versioned kubectl (kubectl.1.NN) in {SDK_BIN}: the matrix cannot run in CI without them"
+        );
+        eprintln!("no versioned kubectl in {SDK_BIN}: the version matrix has nothing to run here");
+    }
+    found
+}
+
+struct Kubectl {
+    binary: PathBuf,
+    minor: u32,
+    server: String,
+    token: String,
+    ca: PathBuf,
+    home: tempfile::TempDir,
+}
+
+impl Kubectl {
+    fn new(c: &Cluster, minor: u32, binary: PathBuf) -> Self {
+        let home = tempfile::tempdir().unwrap();
+        std::fs::write(home.path().join("config"), "apiVersion: v1\nkind: Config\n").unwrap();
+        Self {
+            binary,
+            minor,
+            server: format!("{}/api/v1/agents/1/kubernetes", c.rest_url(0)),
+            token: c.gitlab_jwt(),
+            ca: c.rest_ca_file().expect("kubectl sends tokens only over TLS"),
+            home,
+        }
+    }
+
+    /// Whether this kubectl speaks remote command over WebSocket (on by default from 1.30; 1.29
+    /// has the gate, off by default, and is run with it on).
+    fn remote_command_over_websocket(&self) -> bool {
+        self.minor >= 29
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(&self.binary);
+        cmd.env("KUBECONFIG", self.home.path().join("config"))
+            .env("HOME", self.home.path())
+            .arg(format!("--server={}", self.server))
+            .arg(format!("--token={}", self.token))
+            .arg(format!("--certificate-authority={}", self.ca.display()))
+            .arg(format!("--cache-dir={}", self.home.path().join("cache").display()))
+            .arg("--request-timeout=0")
+            .args(args)
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        if self.minor == 29 {
+            cmd.env("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "true");
+        }
+        cmd
+    }
+
+    /// Runs to the end with `input` on stdin; returns stdout, failing on a non-zero exit.
+    async fn run_with_input(&self, args: &[&str], input: &[u8]) -> Vec<u8> {
+        let mut child =
+            self.command(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let input = input.to_vec();
+        let writer = tokio::spawn(async move {
+            let _ = stdin.write_all(&input).await;
+            // Dropping stdin is the end of input kubectl passes on (v5 close signal).
+        });
+        let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+            .await
+            .unwrap_or_else(|_| panic!("kubectl 1.{} {args:?} timed out", self.minor))
+            .unwrap();
+        writer.await.unwrap();
+        assert!(
+            out.status.success(),
+            "kubectl 1.{} {args:?} failed ({}):\nstderr: {}",
+            self.minor,
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    }
+
+    async fn run(&self, args: &[&str]) -> Vec<u8> {
+        self.run_with_input(args, b"").await
+    }
+
+    fn spawn(&self, args: &[&str]) -> (Child, tokio::io::Lines<BufReader<tokio::process::ChildStdout>>) {
+        let log = std::fs::File::create(self.home.path().join(format!("stderr-{}.log", args[0]))).unwrap();
+        let mut child = self.command(args).stdout(Stdio::piped()).stderr(log).spawn().unwrap();
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        (child, lines)
+    }
+}
+
+async fn next_line_containing(
+    minor: u32,
+    lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    what: &str,
+) {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let line = lines.next_line().await.unwrap();
+            let line = line.unwrap_or_else(|| panic!("kubectl 1.{minor} ended before {what:?}"));
+            if line.contains(what) {
+                return;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("kubectl 1.{minor}: no line containing {what:?} within 30s"))
+}
+
+/// Bytes of every value, in an order that is not a repetition of 256: a changed, lost or
+/// reordered byte shows.
+fn binary_payload(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i.wrapping_mul(7) ^ (i >> 8)) as u8).collect()
+}
+
+/// The whole matrix row for one kubectl.
+async fn verbs(c: &Cluster, k: Kubectl) {
+    let v = k.minor;
+    let ns = format!("v1-{v}");
+    let ns = ns.as_str();
+    c.kube.add_pod(ns, "web");
+
+    // get -w: a pod added after the watch started is seen.
+    let (mut watch, mut lines) = k.spawn(&["get", "pods", "-w", "-n", ns]);
+    next_line_containing(v, &mut lines, "web").await;
+    c.kube.add_pod(ns, "added-later");
+    next_line_containing(v, &mut lines, "added-later").await;
+    watch.kill().await.unwrap();
+
+    // logs -f: a line appended after the start is seen.
+    c.kube.append_log(ns, "web", &format!("first line of 1.{v}"));
+    let (mut logs, mut lines) = k.spawn(&["logs", "-f", "web", "-n", ns]);
+    next_line_containing(v, &mut lines, &format!("first line of 1.{v}")).await;
+    c.kube.append_log(ns, "web", &format!("later line of 1.{v}"));
+    next_line_containing(v, &mut lines, &format!("later line of 1.{v}")).await;
+    logs.kill().await.unwrap();
+
+    if !k.remote_command_over_websocket() {
+        // SPDY/3.1: the fake has no SPDY server. What can be checked here: the upgrade request
+        // reached the API server through kas and agentk with its SPDY headers intact.
+        let out = k.command(&["exec", "web", "-n", ns, "--", "echo", "hi"]).output().await.unwrap();
+        assert!(!out.status.success(), "kubectl 1.{v} exec succeeded against a server without SPDY");
+        let exec_path = format!("/api/v1/namespaces/{ns}/pods/web/exec");
+        let seen =
+            c.kube.requests().into_iter().find(|r| r.path == exec_path).expect("exec request reached the API server");
+        let upgrade = seen.headers.get("upgrade").and_then(|h| h.to_str().ok()).unwrap_or_default();
+        assert_eq!(upgrade, "SPDY/3.1", "kubectl 1.{v} exec: {:?}", seen.headers);
+        return;
+    }
+
+    // exec -i: binary stdin in, the same bytes out (cat), the end of stdin ends the command.
+    let input = binary_payload(200 * 1024);
+    let out = k.run_with_input(&["exec", "-i", "web", "-n", ns, "--", "cat"], &input).await;
+    assert!(out == input, "kubectl 1.{v} exec -i cat: {} bytes out for {} in, or changed", out.len(), input.len());
+
+    // exec: a non-zero exit status is kubectl's exit status.
+    let status = k.command(&["exec", "web", "-n", ns, "--", "cat", "/no/such/file"]).status().await.unwrap();
+    assert_eq!(status.code(), Some(1), "kubectl 1.{v}: cat's exit status 1 passed on");
+
+    // attach -i: the container's main process echoes stdin.
+    let out = k.run_with_input(&["attach", "-i", "web", "-n", ns], b"hello attach\n").await;
+    assert_eq!(String::from_utf8_lossy(&out), "hello attach\n", "kubectl 1.{v} attach -i");
+
+    // cp to the pod (tar x in the container) and back (tar c).
+    let local = k.home.path().join("upload.bin");
+    let content = binary_payload(64 * 1024 + 17);
+    std::fs::write(&local, &content).unwrap();
+    k.run(&["cp", local.to_str().unwrap(), &format!("{ns}/web:/tmp/upload.bin")]).await;
+    let in_pod = c.kube.containers().filesystem(ns, "web").join("tmp/upload.bin");
+    assert!(std::fs::read(&in_pod).unwrap() == content, "kubectl 1.{v} cp into the pod changed the file");
+
+    let from_pod = c.kube.containers().filesystem(ns, "web").join("tmp/download.txt");
+    std::fs::write(&from_pod, format!("from the pod, for 1.{v}\n")).unwrap();
+    let downloaded = k.home.path().join("download.txt");
+    k.run(&["cp", &format!("{ns}/web:/tmp/download.txt"), downloaded.to_str().unwrap()]).await;
+    assert_eq!(std::fs::read_to_string(&downloaded).unwrap(), format!("from the pod, for 1.{v}\n"));
+}
+
+#[tokio::test]
+async fn every_kubectl_version_runs_the_streaming_verbs_through_kas() {
+    let kubectls = versioned_kubectls();
+    if kubectls.is_empty() {
+        return;
+    }
+    let c = Cluster::builder().rest_tls().start().await;
+    let _a = c.start_agentk(1, 0, "agentk-0").await;
+    let rows = kubectls.into_iter().map(|(minor, binary)| verbs(&c, Kubectl::new(&c, minor, binary)));
+    futures::future::join_all(rows).await;
+    // v5 (with the close signal) is what every WebSocket kubectl here negotiates.
+    let protocols = c.kube.containers().protocols();
+    assert!(!protocols.is_empty() && protocols.iter().all(|p| p == "v5.channel.k8s.io"), "{protocols:?}");
+}
+
+/// NOT a SPDY test: a byte-for-byte check that a SPDY/3.1 upgrade passes through kas and agentk
+/// unchanged. The fake API server answers `101 Switching Protocols` with `Upgrade: SPDY/3.1` and
+/// then echoes raw bytes (see `kas_e2e::spdy_passthrough`); the client sends every byte value
+/// (including sequences that look like SPDY control frames and HTTP) and must get exactly them
+/// back, over several connections at once.
+#[tokio::test]
+async fn spdy_upgrade_passes_through_kas_byte_for_byte() {
+    let c = Cluster::builder().start().await;
+    let _a = c.start_agentk(1, 0, "agentk-0").await;
+    c.kube.add_pod("default", "web");
+    let rest = c.rest_url(0);
+    let addr = rest.strip_prefix("http://").unwrap().to_owned();
+    let jwt = c.gitlab_jwt();
+    let connections = (0..4).map(|n| {
+        let (addr, jwt) = (addr.clone(), jwt.clone());
+        async move {
+            let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+            let head = format!(
+                "POST /api/v1/agents/1/kubernetes/api/v1/namespaces/default/pods/web/portforward HTTP/1.1\r\n\
+                 Host: {addr}\r\nAuthorization: Bearer {jwt}\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\
+                 X-Stream-Protocol-Version: portforward.k8s.io\r\nContent-Length: 0\r\n\r\n"
+            );
+            stream.write_all(head.as_bytes()).await.unwrap();
+            let mut response = Vec::new();
+            while !response.ends_with(b"\r\n\r\n") {
+                let mut byte = [0u8; 1];
+                assert_eq!(stream.read(&mut byte).await.unwrap(), 1, "connection closed in the response head");
+                response.push(byte[0]);
+            }
+            let response = String::from_utf8_lossy(&response).to_lowercase();
+            assert!(response.starts_with("http/1.1 101"), "{response}");
+            assert!(response.contains("upgrade: spdy/3.1"), "{response}");
+            // A SPDY SYN_STREAM-looking control frame, then every byte value, then bulk.
+            let mut payload = vec![0x80, 0x03, 0x00, 0x01, 0x01, 0x00, 0x00, 0x0a];
+            payload.extend(0..=255u8);
+            payload.extend(b"HTTP/1.1 200 OK\r\n\r\n");
+            payload.extend(binary_payload(256 * 1024 + n));
+            let (mut reader, mut writer) = stream.into_split();
+            let sent = payload.clone();
+            let write = tokio::spawn(async move { writer.write_all(&sent).await.unwrap() });
+            let mut echoed = vec![0u8; payload.len()];
+            tokio::time::timeout(Duration::from_secs(30), reader.read_exact(&mut echoed))
+                .await
+                .expect("echo within 30s")
+                .unwrap();
+            write.await.unwrap();
+            assert!(echoed == payload, "connection {n}: bytes changed on the way");
+        }
+    });
+    futures::future::join_all(connections).await;
+}
