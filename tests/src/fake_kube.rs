@@ -123,6 +123,8 @@ struct Shared {
     token: String,
     /// Pod filesystems and remote-command sessions (exec, attach, cp).
     containers: Arc<crate::remote_command::Containers>,
+    /// Port-forward sessions (transport, streams and bytes echoed).
+    port_forwards: crate::spdy_passthrough::Sessions,
 }
 
 /// Handle to a running fake API server; the server stops when the last handle is dropped.
@@ -166,6 +168,7 @@ impl FakeKube {
             log_lines: broadcast::channel(1024).0,
             token: format!("sa-token-{}", rand_suffix()),
             containers: Arc::default(),
+            port_forwards: Arc::default(),
         });
         let shutdown = CancellationToken::new();
         let app = Router::new()
@@ -179,10 +182,7 @@ impl FakeKube {
             .route("/api/v1/namespaces/{ns}/pods/{name}/log", get(pod_log))
             .route("/api/v1/namespaces/{ns}/pods/{name}/exec", get(exec).post(exec))
             .route("/api/v1/namespaces/{ns}/pods/{name}/attach", get(attach).post(attach))
-            .route(
-                "/api/v1/namespaces/{ns}/pods/{name}/portforward",
-                get(crate::spdy_passthrough::port_forward).post(crate::spdy_passthrough::port_forward),
-            )
+            .route("/api/v1/namespaces/{ns}/pods/{name}/portforward", get(port_forward).post(port_forward))
             .layer(middleware::from_fn_with_state(shared.clone(), record_and_authorize))
             .with_state(shared.clone());
         let stop = shutdown.clone();
@@ -727,7 +727,22 @@ fn remote_command(
     crate::remote_command::serve(fake.containers.clone(), ws, ns, name, session, stdin)
 }
 
+async fn port_forward(State(fake): St, req: Request) -> Response {
+    crate::spdy_passthrough::port_forward(fake.port_forwards.clone(), req).await
+}
+
 impl FakeKube {
+    /// Port-forward sessions so far: (transport `spdy` or `websocket`, what each saw).
+    pub fn port_forwards(&self) -> Vec<(&'static str, crate::spdy::PortForwardRecord)> {
+        let sessions = self.shared.port_forwards.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        sessions
+            .into_iter()
+            .map(|(transport, record)| {
+                (transport, record.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone())
+            })
+            .collect()
+    }
+
     /// Pod filesystems and what the remote-command sessions saw.
     pub fn containers(&self) -> Arc<crate::remote_command::Containers> {
         self.shared.containers.clone()

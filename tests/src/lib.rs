@@ -13,6 +13,7 @@ pub mod redis_server;
 pub mod registry_conformance;
 pub mod remote_command;
 pub mod slow_client;
+pub mod spdy;
 pub mod spdy_passthrough;
 pub mod tls_listener;
 pub mod unconnectable;

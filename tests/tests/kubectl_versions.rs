@@ -9,8 +9,10 @@
 //! it is off by default), SPDY/3.1 before; port-forward over WebSocket from 1.31 on by default
 //! (`KUBECTL_PORT_FORWARD_WEBSOCKETS`), and that WebSocket carries SPDY frames
 //! (`SPDY/3.1+portforward.k8s.io` tunnelling). The fake API server speaks WebSocket remote command
-//! (v5 and v4); it has no SPDY server, so SPDY sessions are covered by
-//! `spdy_upgrade_passes_through_kas_byte_for_byte` only.
+//! (v5 and v4) and port-forward over SPDY/3.1 (`kas_e2e::spdy`), raw or tunnelled in WebSocket.
+//! Remote command over SPDY (exec/attach/cp of kubectl ≤ 1.28, and 1.29 without the gate) is not
+//! served: for those only the upgrade request's arrival is checked, plus
+//! `spdy_upgrade_passes_through_kas_byte_for_byte`.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::path::PathBuf;
@@ -36,6 +38,11 @@ fn versioned_kubectls() -> Vec<(u32, PathBuf)> {
         })
         .collect();
     found.sort();
+    // A debugging aid: `KUBECTL_MINORS=27,33` runs those rows only.
+    if let Ok(only) = std::env::var("KUBECTL_MINORS") {
+        let only: Vec<u32> = only.split(',').filter_map(|m| m.trim().parse().ok()).collect();
+        found.retain(|(minor, _)| only.contains(minor));
+    }
     if found.is_empty() {
         assert!(
             std::env::var("CI").as_deref() != Ok("true"),
@@ -176,6 +183,9 @@ async fn verbs(c: &Cluster, k: Kubectl) {
     next_line_containing(v, &mut lines, &format!("later line of 1.{v}")).await;
     logs.kill().await.unwrap();
 
+    // port-forward: several connections at once, bytes both ways (the pod's port echoes).
+    port_forward(&k, ns).await;
+
     if !k.remote_command_over_websocket() {
         // SPDY/3.1: the fake has no SPDY server. What can be checked here: the upgrade request
         // reached the API server through kas and agentk with its SPDY headers intact.
@@ -217,6 +227,36 @@ async fn verbs(c: &Cluster, k: Kubectl) {
     assert_eq!(std::fs::read_to_string(&downloaded).unwrap(), format!("from the pod, for 1.{v}\n"));
 }
 
+async fn port_forward(k: &Kubectl, ns: &str) {
+    let v = k.minor;
+    let (mut forward, mut lines) = k.spawn(&["port-forward", "pod/web", "-n", ns, "--address=127.0.0.1", ":8080"]);
+    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .unwrap_or_else(|_| panic!("kubectl 1.{v} port-forward: no \"Forwarding from\" line within 30s"))
+        .unwrap()
+        .unwrap_or_else(|| panic!("kubectl 1.{v} port-forward ended"));
+    // "Forwarding from 127.0.0.1:40123 -> 8080"
+    let local: std::net::SocketAddr = line
+        .strip_prefix("Forwarding from ")
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|addr| addr.parse().ok())
+        .unwrap_or_else(|| panic!("kubectl 1.{v} port-forward printed {line:?}"));
+    let connections = (0..3).map(|n| async move {
+        let mut stream = tokio::net::TcpStream::connect(local).await.unwrap();
+        let payload = binary_payload(100 * 1024 + n * 13);
+        let (mut reader, mut writer) = stream.split();
+        let mut echoed = vec![0u8; payload.len()];
+        let (written, read) = tokio::join!(writer.write_all(&payload), async {
+            tokio::time::timeout(Duration::from_secs(30), reader.read_exact(&mut echoed)).await
+        });
+        written.unwrap();
+        read.unwrap_or_else(|_| panic!("kubectl 1.{v} port-forward connection {n}: no echo within 30s")).unwrap();
+        assert!(echoed == payload, "kubectl 1.{v} port-forward connection {n}: bytes changed");
+    });
+    futures::future::join_all(connections).await;
+    forward.kill().await.unwrap();
+}
+
 #[tokio::test]
 async fn every_kubectl_version_runs_the_streaming_verbs_through_kas() {
     let kubectls = versioned_kubectls();
@@ -225,8 +265,24 @@ async fn every_kubectl_version_runs_the_streaming_verbs_through_kas() {
     }
     let c = Cluster::builder().rest_tls().start().await;
     let _a = c.start_agentk(1, 0, "agentk-0").await;
+    let (spdy, websocket) =
+        kubectls.iter().fold((0, 0), |(s, w), (minor, _)| if *minor >= 31 { (s, w + 1) } else { (s + 1, w) });
     let rows = kubectls.into_iter().map(|(minor, binary)| verbs(&c, Kubectl::new(&c, minor, binary)));
     futures::future::join_all(rows).await;
+    // Port-forward: SPDY/3.1 before 1.31, SPDY tunnelled in WebSocket from 1.31 on; each session
+    // saw its three connections' error and data streams, and ended once kubectl was gone (kas and
+    // agentk closed the upstream connection).
+    let kube = c.kube.clone();
+    kas_e2e::eventually!(kube.port_forwards().len() == spdy + websocket, "{:?}", kube.port_forwards());
+    let sessions = c.kube.port_forwards();
+    assert_eq!(sessions.iter().filter(|(t, _)| *t == "spdy").count(), spdy, "{sessions:?}");
+    let open = || kube.port_forwards().iter().filter(|(_, seen)| !seen.ended).count();
+    kas_e2e::eventually!(open() == 0, "port-forward sessions still open upstream after kubectl stopped: {}", open());
+    for (_, seen) in &sessions {
+        let data: Vec<_> = seen.streams.iter().filter(|(kind, port, _)| kind == "data" && port == "8080").collect();
+        assert_eq!(data.len(), 3, "{seen:?}");
+        assert!(seen.streams.iter().filter(|(kind, ..)| kind == "error").count() == 3, "{seen:?}");
+    }
     // v5 (with the close signal) is what every WebSocket kubectl here negotiates.
     let protocols = c.kube.containers().protocols();
     assert!(!protocols.is_empty() && protocols.iter().all(|p| p == "v5.channel.k8s.io"), "{protocols:?}");
@@ -252,7 +308,7 @@ async fn spdy_upgrade_passes_through_kas_byte_for_byte() {
             let head = format!(
                 "POST /api/v1/agents/1/kubernetes/api/v1/namespaces/default/pods/web/portforward HTTP/1.1\r\n\
                  Host: {addr}\r\nAuthorization: Bearer {jwt}\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\
-                 X-Stream-Protocol-Version: portforward.k8s.io\r\nContent-Length: 0\r\n\r\n"
+                 X-Stream-Protocol-Version: byte-echo.kas-e2e.test\r\nContent-Length: 0\r\n\r\n"
             );
             stream.write_all(head.as_bytes()).await.unwrap();
             let mut response = Vec::new();
