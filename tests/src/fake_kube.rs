@@ -686,45 +686,62 @@ async fn pod_log(
     text(Body::from_stream(stream))
 }
 
-type WsUpgrade = Result<axum::extract::ws::WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>;
-
 /// `pods/exec` over WebSocket (see [`crate::remote_command`]).
 async fn exec(
     State(fake): St,
     Path((ns, name)): Path<(String, String)>,
     Query(q): Query<Vec<(String, String)>>,
-    ws: WsUpgrade,
+    req: Request,
 ) -> Response {
     let command: Vec<String> = q.iter().filter(|(k, _)| k == "command").map(|(_, v)| v.clone()).collect();
-    remote_command(fake, ns, name, &q, ws, crate::remote_command::Session::Exec(command))
+    remote_command(fake, ns, name, &q, req, Some(command)).await
 }
 
-/// `pods/attach` over WebSocket (see [`crate::remote_command`]).
+/// `pods/attach` (see [`crate::remote_command`]).
 async fn attach(
     State(fake): St,
     Path((ns, name)): Path<(String, String)>,
     Query(q): Query<Vec<(String, String)>>,
-    ws: WsUpgrade,
+    req: Request,
 ) -> Response {
-    remote_command(fake, ns, name, &q, ws, crate::remote_command::Session::Attach)
+    remote_command(fake, ns, name, &q, req, None).await
 }
 
-fn remote_command(
+/// Exec (`command`) or attach (`None`) over WebSocket ([`crate::remote_command`]) or SPDY/3.1
+/// ([`crate::spdy_remote_command`]).
+async fn remote_command(
     fake: Arc<Shared>,
     ns: String,
     name: String,
     q: &[(String, String)],
-    ws: WsUpgrade,
-    session: crate::remote_command::Session,
+    req: Request,
+    command: Option<Vec<String>>,
 ) -> Response {
+    use axum::extract::FromRequest;
     if !fake.lock().pods.contains_key(&(ns.clone(), name.clone())) {
         return status(StatusCode::NOT_FOUND, "NotFound", &format!("pods \"{name}\" not found"));
     }
-    let Ok(ws) = ws else {
-        return status(StatusCode::BAD_REQUEST, "BadRequest", "this endpoint needs a WebSocket upgrade");
+    let flag = |name: &str| q.iter().any(|(k, v)| k == name && (v == "true" || v == "1"));
+    let upgrade = req.headers().get("upgrade").and_then(|v| v.to_str().ok()).unwrap_or_default();
+    if upgrade.eq_ignore_ascii_case("SPDY/3.1") {
+        let channels = crate::spdy_remote_command::Channels {
+            stdin: flag("stdin"),
+            stdout: flag("stdout"),
+            stderr: flag("stderr"),
+            tty: flag("tty"),
+        };
+        let dir = fake.containers.filesystem(&ns, &name);
+        let command = command.unwrap_or_else(|| vec!["cat".to_owned()]);
+        return crate::spdy_remote_command::serve(req, dir, command, channels);
+    }
+    let Ok(ws) = axum::extract::ws::WebSocketUpgrade::from_request(req, &()).await else {
+        return status(StatusCode::BAD_REQUEST, "BadRequest", "this endpoint needs a WebSocket or SPDY/3.1 upgrade");
     };
-    let stdin = q.iter().any(|(k, v)| k == "stdin" && (v == "true" || v == "1"));
-    crate::remote_command::serve(fake.containers.clone(), ws, ns, name, session, stdin)
+    let session = match command {
+        Some(command) => crate::remote_command::Session::Exec(command),
+        None => crate::remote_command::Session::Attach,
+    };
+    crate::remote_command::serve(fake.containers.clone(), ws, ns, name, session, flag("stdin"))
 }
 
 async fn port_forward(State(fake): St, req: Request) -> Response {

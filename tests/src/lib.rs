@@ -15,6 +15,7 @@ pub mod remote_command;
 pub mod slow_client;
 pub mod spdy;
 pub mod spdy_passthrough;
+pub mod spdy_remote_command;
 pub mod tls_listener;
 pub mod unconnectable;
 

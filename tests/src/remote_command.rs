@@ -7,7 +7,7 @@
 //! k8s.io/client-go/tools/remotecommand/websocket.go.
 //!
 //! Each pod has a directory standing for its container's filesystem; commands run there:
-//! `echo`, `cat` (stdin back on stdout), and the real `tar` with absolute paths taken inside that
+//! `echo`, `cat` (stdin back on stdout), `test`, and the real `tar` with absolute paths taken inside that
 //! directory (what `kubectl cp` runs). `attach` joins the container's main process, which echoes
 //! stdin like `cat` and ends when stdin closes (a `stdinOnce` container).
 
@@ -78,7 +78,7 @@ pub enum Session {
 }
 
 /// Programs the fake container has; anything else fails the way a missing executable does.
-const PROGRAMS: [&str; 3] = ["echo", "cat", "tar"];
+pub(crate) const PROGRAMS: [&str; 4] = ["echo", "cat", "tar", "test"];
 
 /// Answers the upgrade and runs the session in the pod's filesystem. `stdin`: the request's
 /// `stdin=true` (kubectl sends input only then).
@@ -104,7 +104,7 @@ pub fn serve(
 
 /// An absolute path in the container is that path relative to the container's directory (the
 /// program's working directory), so `tar c` stores the names the real container's tar would.
-fn in_container(arg: &str) -> &str {
+pub(crate) fn in_container(arg: &str) -> &str {
     match arg.strip_prefix('/') {
         Some("") => ".",
         Some(rest) => rest,
@@ -112,7 +112,7 @@ fn in_container(arg: &str) -> &str {
     }
 }
 
-fn exit_status(code: Option<i32>) -> Value {
+pub(crate) fn exit_status(code: Option<i32>) -> Value {
     match code {
         Some(0) => json!({"metadata": {}, "status": "Success"}),
         code => {
@@ -143,7 +143,7 @@ async fn finish(sink: &mut Sink, status: Value) {
     let _ = sink.send(Message::Close(Some(CloseFrame { code: close_code::NORMAL, reason: "".into() }))).await;
 }
 
-fn failure(message: String) -> Value {
+pub(crate) fn failure(message: String) -> Value {
     json!({"metadata": {}, "status": "Failure", "message": message, "reason": "InternalError"})
 }
 

@@ -16,11 +16,11 @@ use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress, 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 const VERSION: u16 = 3;
-const SYN_STREAM: u16 = 1;
-const SYN_REPLY: u16 = 2;
-const PING: u16 = 6;
-const GOAWAY: u16 = 7;
-const FLAG_FIN: u8 = 1;
+pub(crate) const SYN_STREAM: u16 = 1;
+pub(crate) const SYN_REPLY: u16 = 2;
+pub(crate) const PING: u16 = 6;
+pub(crate) const GOAWAY: u16 = 7;
+pub(crate) const FLAG_FIN: u8 = 1;
 
 /// SPDY/3's header compression dictionary (draft-mbelshe-httpbis-spdy-00 §2.6.10.1): the
 /// length-prefixed names, then a run of common values.
@@ -133,7 +133,7 @@ pub enum SpdyError {
     Headers(String),
 }
 
-struct HeaderCodec {
+pub(crate) struct HeaderCodec {
     dictionary: Vec<u8>,
     inflate: Decompress,
     deflate: Compress,
@@ -141,7 +141,7 @@ struct HeaderCodec {
 }
 
 impl HeaderCodec {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             dictionary: dictionary(),
             inflate: Decompress::new(true),
@@ -150,7 +150,7 @@ impl HeaderCodec {
         }
     }
 
-    fn decode(&mut self, block: &[u8]) -> Result<HashMap<String, String>, SpdyError> {
+    pub(crate) fn decode(&mut self, block: &[u8]) -> Result<HashMap<String, String>, SpdyError> {
         let mut out = Vec::with_capacity(block.len() * 4 + 256);
         let mut consumed = 0usize;
         loop {
@@ -170,7 +170,7 @@ impl HeaderCodec {
         parse_header_block(&out)
     }
 
-    fn encode(&mut self, headers: &[(&str, &str)]) -> Result<Vec<u8>, SpdyError> {
+    pub(crate) fn encode(&mut self, headers: &[(&str, &str)]) -> Result<Vec<u8>, SpdyError> {
         if !self.deflate_primed {
             self.deflate.set_dictionary(&self.dictionary).map_err(|e| SpdyError::Headers(e.to_string()))?;
             self.deflate_primed = true;
@@ -220,7 +220,7 @@ fn parse_header_block(block: &[u8]) -> Result<HashMap<String, String>, SpdyError
     Ok(headers)
 }
 
-fn control_frame(kind: u16, flags: u8, payload: &[u8]) -> Vec<u8> {
+pub(crate) fn control_frame(kind: u16, flags: u8, payload: &[u8]) -> Vec<u8> {
     let mut frame = Vec::with_capacity(8 + payload.len());
     frame.extend_from_slice(&(0x8000 | VERSION).to_be_bytes());
     frame.extend_from_slice(&kind.to_be_bytes());
@@ -230,7 +230,7 @@ fn control_frame(kind: u16, flags: u8, payload: &[u8]) -> Vec<u8> {
     frame
 }
 
-fn data_frame(stream: u32, flags: u8, payload: &[u8]) -> Vec<u8> {
+pub(crate) fn data_frame(stream: u32, flags: u8, payload: &[u8]) -> Vec<u8> {
     let mut frame = Vec::with_capacity(8 + payload.len());
     frame.extend_from_slice(&(stream & 0x7fff_ffff).to_be_bytes());
     frame.push(flags);

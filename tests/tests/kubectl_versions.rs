@@ -8,11 +8,11 @@
 //! WebSocket from 1.30 on by default (`KUBECTL_REMOTE_COMMAND_WEBSOCKETS`, present from 1.29 where
 //! it is off by default), SPDY/3.1 before; port-forward over WebSocket from 1.31 on by default
 //! (`KUBECTL_PORT_FORWARD_WEBSOCKETS`), and that WebSocket carries SPDY frames
-//! (`SPDY/3.1+portforward.k8s.io` tunnelling). The fake API server speaks WebSocket remote command
-//! (v5 and v4) and port-forward over SPDY/3.1 (`kas_e2e::spdy`), raw or tunnelled in WebSocket.
-//! Remote command over SPDY (exec/attach/cp of kubectl ≤ 1.28, and 1.29 without the gate) is not
-//! served: for those only the upgrade request's arrival is checked, plus
-//! `spdy_upgrade_passes_through_kas_byte_for_byte`.
+//! (`SPDY/3.1+portforward.k8s.io` tunnelling). 1.29 runs twice: with its default (SPDY) and
+//! opted in to WebSocket. The fake API server speaks all of it: WebSocket remote command (v5, v4;
+//! `kas_e2e::remote_command`), SPDY/3.1 remote command (v4; `kas_e2e::spdy_remote_command`) and
+//! SPDY/3.1 port-forward (`kas_e2e::spdy`), raw or tunnelled in WebSocket. Each row also checks
+//! which transport its kubectl used.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::path::PathBuf;
@@ -56,6 +56,8 @@ fn versioned_kubectls() -> Vec<(u32, PathBuf)> {
 struct Kubectl {
     binary: PathBuf,
     minor: u32,
+    /// Run with `KUBECTL_REMOTE_COMMAND_WEBSOCKETS=true` (the 1.29 row that opts in).
+    websocket_gate: bool,
     server: String,
     token: String,
     ca: PathBuf,
@@ -69,6 +71,7 @@ impl Kubectl {
         Self {
             binary,
             minor,
+            websocket_gate: false,
             server: format!("{}/api/v1/agents/1/kubernetes", c.rest_url(0)),
             token: c.gitlab_jwt(),
             ca: c.rest_ca_file().expect("kubectl sends tokens only over TLS"),
@@ -77,9 +80,9 @@ impl Kubectl {
     }
 
     /// Whether this kubectl speaks remote command over WebSocket (on by default from 1.30; 1.29
-    /// has the gate, off by default, and is run with it on).
+    /// has the gate, off by default).
     fn remote_command_over_websocket(&self) -> bool {
-        self.minor >= 29
+        self.minor >= 30 || self.websocket_gate
     }
 
     fn command(&self, args: &[&str]) -> Command {
@@ -94,7 +97,7 @@ impl Kubectl {
             .args(args)
             .stdin(Stdio::null())
             .kill_on_drop(true);
-        if self.minor == 29 {
+        if self.websocket_gate {
             cmd.env("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "true");
         }
         cmd
@@ -164,7 +167,7 @@ fn binary_payload(len: usize) -> Vec<u8> {
 /// The whole matrix row for one kubectl.
 async fn verbs(c: &Cluster, k: Kubectl) {
     let v = k.minor;
-    let ns = format!("v1-{v}");
+    let ns = format!("v1-{v}{}", if k.websocket_gate { "-ws" } else { "" });
     let ns = ns.as_str();
     c.kube.add_pod(ns, "web");
 
@@ -185,19 +188,6 @@ async fn verbs(c: &Cluster, k: Kubectl) {
 
     // port-forward: several connections at once, bytes both ways (the pod's port echoes).
     port_forward(&k, ns).await;
-
-    if !k.remote_command_over_websocket() {
-        // SPDY/3.1: the fake has no SPDY server. What can be checked here: the upgrade request
-        // reached the API server through kas and agentk with its SPDY headers intact.
-        let out = k.command(&["exec", "web", "-n", ns, "--", "echo", "hi"]).output().await.unwrap();
-        assert!(!out.status.success(), "kubectl 1.{v} exec succeeded against a server without SPDY");
-        let exec_path = format!("/api/v1/namespaces/{ns}/pods/web/exec");
-        let seen =
-            c.kube.requests().into_iter().find(|r| r.path == exec_path).expect("exec request reached the API server");
-        let upgrade = seen.headers.get("upgrade").and_then(|h| h.to_str().ok()).unwrap_or_default();
-        assert_eq!(upgrade, "SPDY/3.1", "kubectl 1.{v} exec: {:?}", seen.headers);
-        return;
-    }
 
     // exec -i: binary stdin in, the same bytes out (cat), the end of stdin ends the command.
     let input = binary_payload(200 * 1024);
@@ -225,6 +215,22 @@ async fn verbs(c: &Cluster, k: Kubectl) {
     let downloaded = k.home.path().join("download.txt");
     k.run(&["cp", &format!("{ns}/web:/tmp/download.txt"), downloaded.to_str().unwrap()]).await;
     assert_eq!(std::fs::read_to_string(&downloaded).unwrap(), format!("from the pod, for 1.{v}\n"));
+
+    // Each remote command used the transport this kubectl version is documented to use.
+    let expected = if k.remote_command_over_websocket() { "websocket" } else { "SPDY/3.1" };
+    let prefix = format!("/api/v1/namespaces/{ns}/pods/web/");
+    let upgrades: Vec<String> = c
+        .kube
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.starts_with(&prefix) && (r.path.ends_with("/exec") || r.path.ends_with("/attach")))
+        .map(|r| r.headers.get("upgrade").and_then(|h| h.to_str().ok()).unwrap_or_default().to_owned())
+        .collect();
+    assert!(upgrades.len() >= 5, "kubectl 1.{v}: {upgrades:?}");
+    assert!(
+        upgrades.iter().all(|u| u.eq_ignore_ascii_case(expected)),
+        "kubectl 1.{v} (expected {expected}): {upgrades:?}"
+    );
 }
 
 async fn port_forward(k: &Kubectl, ns: &str) {
@@ -265,9 +271,17 @@ async fn every_kubectl_version_runs_the_streaming_verbs_through_kas() {
     }
     let c = Cluster::builder().rest_tls().start().await;
     let _a = c.start_agentk(1, 0, "agentk-0").await;
-    let (spdy, websocket) =
-        kubectls.iter().fold((0, 0), |(s, w), (minor, _)| if *minor >= 31 { (s, w + 1) } else { (s + 1, w) });
-    let rows = kubectls.into_iter().map(|(minor, binary)| verbs(&c, Kubectl::new(&c, minor, binary)));
+    let mut rows: Vec<Kubectl> = kubectls.into_iter().map(|(minor, binary)| Kubectl::new(&c, minor, binary)).collect();
+    // 1.29 once more, opted in to WebSocket remote command.
+    if let Some(k129) = rows.iter().find(|k| k.minor == 29) {
+        let mut gated = Kubectl::new(&c, 29, k129.binary.clone());
+        gated.websocket_gate = true;
+        rows.push(gated);
+    }
+    let websocket_rows = rows.iter().filter(|k| k.remote_command_over_websocket()).count();
+    let websocket = rows.iter().filter(|k| k.minor >= 31).count();
+    let spdy = rows.len() - websocket;
+    let rows = rows.into_iter().map(|k| verbs(&c, k));
     futures::future::join_all(rows).await;
     // Port-forward: SPDY/3.1 before 1.31, SPDY tunnelled in WebSocket from 1.31 on; each session
     // saw its three connections' error and data streams, and ended once kubectl was gone (kas and
@@ -285,7 +299,10 @@ async fn every_kubectl_version_runs_the_streaming_verbs_through_kas() {
     }
     // v5 (with the close signal) is what every WebSocket kubectl here negotiates.
     let protocols = c.kube.containers().protocols();
-    assert!(!protocols.is_empty() && protocols.iter().all(|p| p == "v5.channel.k8s.io"), "{protocols:?}");
+    assert!(protocols.iter().all(|p| p == "v5.channel.k8s.io"), "{protocols:?}");
+    // Five WebSocket sessions per row (exec -i, exec, attach, two cp; cp into the pod may add a
+    // check) came from the WebSocket rows only.
+    assert!(protocols.len() >= 5 * websocket_rows, "{} sessions for {websocket_rows} rows", protocols.len());
 }
 
 /// NOT a SPDY test: a byte-for-byte check that a SPDY/3.1 upgrade passes through kas and agentk
