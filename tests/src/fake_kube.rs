@@ -732,7 +732,7 @@ async fn remote_command(
         };
         let dir = fake.containers.filesystem(&ns, &name);
         let command = command.unwrap_or_else(|| vec!["cat".to_owned()]);
-        return crate::spdy_remote_command::serve(req, dir, command, channels);
+        return crate::spdy_remote_command::serve(req, fake.containers.clone(), dir, command, channels);
     }
     let Ok(ws) = axum::extract::ws::WebSocketUpgrade::from_request(req, &()).await else {
         return status(StatusCode::BAD_REQUEST, "BadRequest", "this endpoint needs a WebSocket or SPDY/3.1 upgrade");
@@ -741,7 +741,7 @@ async fn remote_command(
         Some(command) => crate::remote_command::Session::Exec(command),
         None => crate::remote_command::Session::Attach,
     };
-    crate::remote_command::serve(fake.containers.clone(), ws, ns, name, session, flag("stdin"))
+    crate::remote_command::serve(fake.containers.clone(), ws, ns, name, session, flag("stdin"), flag("tty"))
 }
 
 async fn port_forward(State(fake): St, req: Request) -> Response {

@@ -37,7 +37,8 @@ pub struct Containers {
 #[derive(Default)]
 struct Seen {
     protocols: Vec<String>,
-    resizes: Vec<Value>,
+    /// (pod filesystem, size)
+    resizes: Vec<(PathBuf, Value)>,
 }
 
 impl Default for Containers {
@@ -59,9 +60,14 @@ impl Containers {
         self.lock().protocols.clone()
     }
 
-    /// Terminal sizes received on the resize channel.
-    pub fn resizes(&self) -> Vec<Value> {
-        self.lock().resizes.clone()
+    /// Terminal sizes received on the resize channel of the pod's sessions.
+    pub fn resizes(&self, namespace: &str, pod: &str) -> Vec<Value> {
+        let dir = self.filesystem(namespace, pod);
+        self.lock().resizes.iter().filter(|(d, _)| *d == dir).map(|(_, size)| size.clone()).collect()
+    }
+
+    pub(crate) fn record_resize(&self, dir: &Path, size: Value) {
+        self.lock().resizes.push((dir.to_owned(), size));
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Seen> {
@@ -89,6 +95,7 @@ pub fn serve(
     pod: String,
     session: Session,
     stdin: bool,
+    tty: bool,
 ) -> Response {
     ws.protocols(["v5.channel.k8s.io", "v4.channel.k8s.io"]).on_upgrade(move |socket| async move {
         let protocol = socket.protocol().and_then(|p| p.to_str().ok()).unwrap_or_default().to_owned();
@@ -98,7 +105,7 @@ pub fn serve(
             Session::Exec(command) => command,
             Session::Attach => vec!["cat".to_owned()],
         };
-        run(socket, &containers, &dir, &command, stdin).await;
+        run(socket, &containers, &dir, &command, stdin, tty).await;
     })
 }
 
@@ -147,7 +154,10 @@ pub(crate) fn failure(message: String) -> Value {
     json!({"metadata": {}, "status": "Failure", "message": message, "reason": "InternalError"})
 }
 
-async fn run(socket: WebSocket, containers: &Containers, dir: &Path, command: &[String], stdin: bool) {
+/// With a terminal, ^D (EOT) is the end of input, as the terminal's line discipline makes it.
+pub(crate) const END_OF_TRANSMISSION: u8 = 0x04;
+
+async fn run(socket: WebSocket, containers: &Containers, dir: &Path, command: &[String], stdin: bool, tty: bool) {
     use futures::{SinkExt, StreamExt};
     let (mut sink, mut incoming) = socket.split();
     let Some((program, args)) = command.split_first().filter(|(p, _)| PROGRAMS.contains(&p.as_str())) else {
@@ -173,15 +183,19 @@ async fn run(socket: WebSocket, containers: &Containers, dir: &Path, command: &[
             let Message::Binary(data) = message else { continue };
             match data.split_first() {
                 Some((&STDIN, bytes)) => {
+                    let eot = bytes.iter().position(|b| tty && *b == END_OF_TRANSMISSION);
                     if let Some(w) = child_stdin.as_mut()
-                        && w.write_all(bytes).await.is_err()
+                        && w.write_all(&bytes[..eot.unwrap_or(bytes.len())]).await.is_err()
                     {
+                        child_stdin = None;
+                    }
+                    if eot.is_some() {
                         child_stdin = None;
                     }
                 }
                 Some((&RESIZE, size)) => {
                     if let Ok(size) = serde_json::from_slice(size) {
-                        containers.lock().resizes.push(size);
+                        containers.record_resize(dir, size);
                     }
                 }
                 Some((&CLOSE, [STDIN])) => child_stdin = None,

@@ -18,7 +18,7 @@ use axum::response::Response;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::remote_command::{PROGRAMS, exit_status, failure, in_container};
+use crate::remote_command::{END_OF_TRANSMISSION, PROGRAMS, exit_status, failure, in_container};
 use crate::spdy::{FLAG_FIN, GOAWAY, HeaderCodec, PING, SYN_REPLY, SYN_STREAM, SpdyError, control_frame, data_frame};
 
 pub const PROTOCOL: &str = "v4.channel.k8s.io";
@@ -41,7 +41,13 @@ impl Channels {
 }
 
 /// Answers the SPDY upgrade with v4 and runs `command` in `dir` over the session.
-pub fn serve(mut req: Request, dir: PathBuf, command: Vec<String>, channels: Channels) -> Response {
+pub fn serve(
+    mut req: Request,
+    containers: std::sync::Arc<crate::remote_command::Containers>,
+    dir: PathBuf,
+    command: Vec<String>,
+    channels: Channels,
+) -> Response {
     let offered =
         req.headers().get_all("X-Stream-Protocol-Version").iter().any(|v| v.as_bytes() == PROTOCOL.as_bytes());
     if !offered {
@@ -52,7 +58,7 @@ pub fn serve(mut req: Request, dir: PathBuf, command: Vec<String>, channels: Cha
     let on_upgrade = hyper::upgrade::on(&mut req);
     tokio::spawn(async move {
         let Ok(upgraded) = on_upgrade.await else { return };
-        let _ = session(TokioIo::new(upgraded), dir, command, channels).await;
+        let _ = session(TokioIo::new(upgraded), &containers, dir, command, channels).await;
     });
     let mut response = Response::new(Body::empty());
     *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
@@ -65,6 +71,7 @@ pub fn serve(mut req: Request, dir: PathBuf, command: Vec<String>, channels: Cha
 
 async fn session(
     io: impl AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    containers: &crate::remote_command::Containers,
     dir: PathBuf,
     command: Vec<String>,
     channels: Channels,
@@ -96,13 +103,19 @@ async fn session(
         if head[0] & 0x80 == 0 {
             let stream = u32::from_be_bytes([head[0], head[1], head[2], head[3]]);
             if streams.get("stdin") == Some(&stream) {
+                let eot = payload.iter().position(|b| channels.tty && *b == END_OF_TRANSMISSION);
                 if let Some(w) = child_stdin.as_mut()
-                    && w.write_all(&payload).await.is_err()
+                    && w.write_all(&payload[..eot.unwrap_or(payload.len())]).await.is_err()
                 {
                     child_stdin = None;
                 }
-                if flags & FLAG_FIN != 0 {
+                if flags & FLAG_FIN != 0 || eot.is_some() {
                     child_stdin = None;
+                }
+            } else if streams.get("resize") == Some(&stream) {
+                // One JSON TerminalSize per message, possibly several per frame.
+                for size in serde_json::Deserializer::from_slice(&payload).into_iter::<serde_json::Value>().flatten() {
+                    containers.record_resize(&dir, size);
                 }
             }
             continue;

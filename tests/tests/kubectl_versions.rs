@@ -202,6 +202,10 @@ async fn verbs(c: &Cluster, k: Kubectl) {
     let out = k.run_with_input(&["attach", "-i", "web", "-n", ns], b"hello attach\n").await;
     assert_eq!(String::from_utf8_lossy(&out), "hello attach\n", "kubectl 1.{v} attach -i");
 
+    // exec -it under a terminal: script(1) gives kubectl a pty sized 91x37; the size arrives on
+    // the resize channel, and ^D ends the input as a terminal would.
+    exec_with_terminal(c, &k).await;
+
     // cp to the pod (tar x in the container) and back (tar c).
     let local = k.home.path().join("upload.bin");
     let content = binary_payload(64 * 1024 + 17);
@@ -230,6 +234,46 @@ async fn verbs(c: &Cluster, k: Kubectl) {
     assert!(
         upgrades.iter().all(|u| u.eq_ignore_ascii_case(expected)),
         "kubectl 1.{v} (expected {expected}): {upgrades:?}"
+    );
+}
+
+/// Single-quoted for sh.
+fn quoted(arg: &std::ffi::OsStr) -> String {
+    format!("'{}'", arg.to_string_lossy().replace('\'', "'\\''"))
+}
+
+async fn exec_with_terminal(c: &Cluster, k: &Kubectl) {
+    let v = k.minor;
+    let ns = format!("v1-{v}{}", if k.websocket_gate { "-ws" } else { "" });
+    let kubectl = k.command(&["exec", "-it", "web", "-n", &ns, "--", "cat"]);
+    let std = kubectl.as_std();
+    let line = std::iter::once(std.get_program()).chain(std.get_args()).map(quoted).collect::<Vec<_>>().join(" ");
+    let mut script = Command::new("script");
+    script.args(["-qec", &format!("stty cols 91 rows 37; exec {line}"), "/dev/null"]);
+    for (key, value) in std.get_envs() {
+        if let Some(value) = value {
+            script.env(key, value);
+        }
+    }
+    let mut child =
+        script.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true).spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"hello tty\n\x04").await.unwrap();
+    drop(stdin);
+    let out = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("kubectl 1.{v} exec -it under script timed out"))
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl 1.{v} exec -it: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let resizes = c.kube.containers().resizes(&ns, "web");
+    assert!(
+        resizes.iter().any(|size| size["Width"] == 91 && size["Height"] == 37),
+        "kubectl 1.{v}: no 91x37 on the resize channel: {resizes:?}"
     );
 }
 
