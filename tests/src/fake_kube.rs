@@ -121,6 +121,10 @@ struct Shared {
     /// (namespace, pod, line) appended to a log
     log_lines: broadcast::Sender<(String, String, String)>,
     token: String,
+    /// Pod filesystems and remote-command sessions (exec, attach, cp).
+    containers: Arc<crate::remote_command::Containers>,
+    /// Port-forward sessions (transport, streams and bytes echoed).
+    port_forwards: crate::spdy_passthrough::Sessions,
 }
 
 /// Handle to a running fake API server; the server stops when the last handle is dropped.
@@ -163,6 +167,8 @@ impl FakeKube {
             events: broadcast::channel(1024).0,
             log_lines: broadcast::channel(1024).0,
             token: format!("sa-token-{}", rand_suffix()),
+            containers: Arc::default(),
+            port_forwards: Arc::default(),
         });
         let shutdown = CancellationToken::new();
         let app = Router::new()
@@ -175,6 +181,8 @@ impl FakeKube {
             .route("/api/v1/namespaces/{ns}/pods/{name}", get(get_pod).patch(patch_pod).put(put_pod).delete(delete_pod))
             .route("/api/v1/namespaces/{ns}/pods/{name}/log", get(pod_log))
             .route("/api/v1/namespaces/{ns}/pods/{name}/exec", get(exec).post(exec))
+            .route("/api/v1/namespaces/{ns}/pods/{name}/attach", get(attach).post(attach))
+            .route("/api/v1/namespaces/{ns}/pods/{name}/portforward", get(port_forward).post(port_forward))
             .layer(middleware::from_fn_with_state(shared.clone(), record_and_authorize))
             .with_state(shared.clone());
         let stop = shutdown.clone();
@@ -678,35 +686,82 @@ async fn pod_log(
     text(Body::from_stream(stream))
 }
 
-/// The WebSocket remote-command protocol (v4/v5.channel.k8s.io) as the kubelet speaks it, for
-/// `echo`: stdout on channel 1, the exit status on channel 3, then close.
+/// `pods/exec` over WebSocket (see [`crate::remote_command`]).
 async fn exec(
     State(fake): St,
     Path((ns, name)): Path<(String, String)>,
     Query(q): Query<Vec<(String, String)>>,
-    ws: Result<axum::extract::ws::WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
+    req: Request,
 ) -> Response {
-    use axum::extract::ws::Message;
+    let command: Vec<String> = q.iter().filter(|(k, _)| k == "command").map(|(_, v)| v.clone()).collect();
+    remote_command(fake, ns, name, &q, req, Some(command)).await
+}
+
+/// `pods/attach` (see [`crate::remote_command`]).
+async fn attach(
+    State(fake): St,
+    Path((ns, name)): Path<(String, String)>,
+    Query(q): Query<Vec<(String, String)>>,
+    req: Request,
+) -> Response {
+    remote_command(fake, ns, name, &q, req, None).await
+}
+
+/// Exec (`command`) or attach (`None`) over WebSocket ([`crate::remote_command`]) or SPDY/3.1
+/// ([`crate::spdy_remote_command`]).
+async fn remote_command(
+    fake: Arc<Shared>,
+    ns: String,
+    name: String,
+    q: &[(String, String)],
+    req: Request,
+    command: Option<Vec<String>>,
+) -> Response {
+    use axum::extract::FromRequest;
     if !fake.lock().pods.contains_key(&(ns.clone(), name.clone())) {
         return status(StatusCode::NOT_FOUND, "NotFound", &format!("pods \"{name}\" not found"));
     }
-    let Ok(ws) = ws else {
-        return status(StatusCode::BAD_REQUEST, "BadRequest", "exec needs a WebSocket upgrade");
-    };
-    let command: Vec<String> = q.iter().filter(|(k, _)| k == "command").map(|(_, v)| v.clone()).collect();
-    ws.protocols(["v5.channel.k8s.io", "v4.channel.k8s.io"]).on_upgrade(move |mut socket| async move {
-        let output = match command.split_first() {
-            Some((cmd, args)) if cmd == "echo" => format!("{}\n", args.join(" ")),
-            _ => format!("fake exec: {}\n", command.join(" ")),
+    let flag = |name: &str| q.iter().any(|(k, v)| k == name && (v == "true" || v == "1"));
+    let upgrade = req.headers().get("upgrade").and_then(|v| v.to_str().ok()).unwrap_or_default();
+    if upgrade.eq_ignore_ascii_case("SPDY/3.1") {
+        let channels = crate::spdy_remote_command::Channels {
+            stdin: flag("stdin"),
+            stdout: flag("stdout"),
+            stderr: flag("stderr"),
+            tty: flag("tty"),
         };
-        let mut stdout = vec![1u8];
-        stdout.extend_from_slice(output.as_bytes());
-        let mut status = vec![3u8];
-        status.extend_from_slice(br#"{"metadata":{},"status":"Success"}"#);
-        let _ = socket.send(Message::Binary(stdout.into())).await;
-        let _ = socket.send(Message::Binary(status.into())).await;
-        // A normal closure (1000), as the kubelet sends; kubectl treats "no status" as an error.
-        let close = axum::extract::ws::CloseFrame { code: axum::extract::ws::close_code::NORMAL, reason: "".into() };
-        let _ = socket.send(Message::Close(Some(close))).await;
-    })
+        let dir = fake.containers.filesystem(&ns, &name);
+        let command = command.unwrap_or_else(|| vec!["cat".to_owned()]);
+        return crate::spdy_remote_command::serve(req, fake.containers.clone(), dir, command, channels);
+    }
+    let Ok(ws) = axum::extract::ws::WebSocketUpgrade::from_request(req, &()).await else {
+        return status(StatusCode::BAD_REQUEST, "BadRequest", "this endpoint needs a WebSocket or SPDY/3.1 upgrade");
+    };
+    let session = match command {
+        Some(command) => crate::remote_command::Session::Exec(command),
+        None => crate::remote_command::Session::Attach,
+    };
+    crate::remote_command::serve(fake.containers.clone(), ws, ns, name, session, flag("stdin"), flag("tty"))
+}
+
+async fn port_forward(State(fake): St, req: Request) -> Response {
+    crate::spdy_passthrough::port_forward(fake.port_forwards.clone(), req).await
+}
+
+impl FakeKube {
+    /// Port-forward sessions so far: (transport `spdy` or `websocket`, what each saw).
+    pub fn port_forwards(&self) -> Vec<(&'static str, crate::spdy::PortForwardRecord)> {
+        let sessions = self.shared.port_forwards.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        sessions
+            .into_iter()
+            .map(|(transport, record)| {
+                (transport, record.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone())
+            })
+            .collect()
+    }
+
+    /// Pod filesystems and what the remote-command sessions saw.
+    pub fn containers(&self) -> Arc<crate::remote_command::Containers> {
+        self.shared.containers.clone()
+    }
 }

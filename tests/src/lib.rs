@@ -11,7 +11,11 @@ pub mod git_http;
 pub mod process;
 pub mod redis_server;
 pub mod registry_conformance;
+pub mod remote_command;
 pub mod slow_client;
+pub mod spdy;
+pub mod spdy_passthrough;
+pub mod spdy_remote_command;
 pub mod tls_listener;
 pub mod unconnectable;
 
