@@ -8,6 +8,7 @@ pub mod fake_gitlab;
 pub mod fake_kube;
 pub mod fault_proxy;
 pub mod git_http;
+pub mod kubectl;
 pub mod process;
 pub mod redis_server;
 pub mod registry_conformance;

@@ -157,6 +157,24 @@ pub(crate) fn failure(message: String) -> Value {
 /// With a terminal, ^D (EOT) is the end of input, as the terminal's line discipline makes it.
 pub(crate) const END_OF_TRANSMISSION: u8 = 0x04;
 
+/// Runs `program` with `args` as the container would: in the pod's directory, with piped output
+/// (and piped input when the caller sends stdin).
+pub(crate) fn spawn_in_container(
+    program: &str,
+    args: &[String],
+    dir: &Path,
+    stdin: bool,
+) -> std::io::Result<tokio::process::Child> {
+    tokio::process::Command::new(program)
+        .args(args.iter().map(|a| in_container(a)))
+        .current_dir(dir)
+        .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+}
+
 async fn run(socket: WebSocket, containers: &Containers, dir: &Path, command: &[String], stdin: bool, tty: bool) {
     use futures::{SinkExt, StreamExt};
     let (mut sink, mut incoming) = socket.split();
@@ -165,14 +183,7 @@ async fn run(socket: WebSocket, containers: &Containers, dir: &Path, command: &[
         let message = format!("failed to exec in container: exec: \"{name}\": executable file not found in $PATH");
         return finish(&mut sink, failure(message)).await;
     };
-    let spawned = tokio::process::Command::new(program)
-        .args(args.iter().map(|a| in_container(a)))
-        .current_dir(dir)
-        .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn();
+    let spawned = spawn_in_container(program, args, dir, stdin);
     let mut child = match spawned {
         Ok(child) => child,
         Err(e) => return finish(&mut sink, failure(e.to_string())).await,

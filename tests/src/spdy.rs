@@ -239,6 +239,50 @@ pub(crate) fn data_frame(stream: u32, flags: u8, payload: &[u8]) -> Vec<u8> {
     frame
 }
 
+/// One SPDY/3 frame as read from the connection.
+pub(crate) enum Frame {
+    Data { stream: u32, fin: bool, payload: Vec<u8> },
+    Control { kind: u16, payload: Vec<u8> },
+}
+
+/// Reads the next frame; `None` when the client closed the connection between frames.
+pub(crate) async fn read_frame(reader: &mut (impl AsyncRead + Unpin)) -> Result<Option<Frame>, SpdyError> {
+    let mut head = [0u8; 8];
+    match reader.read_exact(&mut head).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e.into()),
+    }
+    let len = u32::from_be_bytes([0, head[5], head[6], head[7]]) as usize;
+    let mut payload = vec![0u8; len];
+    reader.read_exact(&mut payload).await?;
+    Ok(Some(if head[0] & 0x80 == 0 {
+        let stream = u32::from_be_bytes([head[0], head[1], head[2], head[3]]);
+        Frame::Data { stream, fin: head[4] & FLAG_FIN != 0, payload }
+    } else {
+        Frame::Control { kind: u16::from_be_bytes([head[2], head[3]]), payload }
+    }))
+}
+
+/// A SYN_STREAM's stream id and headers.
+pub(crate) type SynStream = (u32, HashMap<String, String>);
+
+/// A SYN_STREAM's stream id and headers; `None` for a frame too short to be one.
+pub(crate) fn syn_stream(payload: &[u8], codec: &mut HeaderCodec) -> Result<Option<SynStream>, SpdyError> {
+    if payload.len() < 10 {
+        return Ok(None);
+    }
+    let stream = u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]]) & 0x7fff_ffff;
+    Ok(Some((stream, codec.decode(&payload[10..])?)))
+}
+
+/// The SYN_REPLY accepting `stream`, with no headers.
+pub(crate) fn syn_reply(stream: u32, codec: &mut HeaderCodec) -> Result<Vec<u8>, SpdyError> {
+    let mut reply = stream.to_be_bytes().to_vec();
+    reply.extend_from_slice(&codec.encode(&[])?);
+    Ok(control_frame(SYN_REPLY, 0, &reply))
+}
+
 /// Serves one port-forward SPDY session until the client goes away, keeping `record` up to date.
 pub async fn serve(io: impl AsyncRead + AsyncWrite + Send + Unpin, record: &SharedRecord) -> Result<(), SpdyError> {
     let result = session(io, record).await;
@@ -251,43 +295,30 @@ async fn session(io: impl AsyncRead + AsyncWrite + Send + Unpin, record: &Shared
     let mut codec = HeaderCodec::new();
     // stream id -> is a data stream (echoed)
     let mut data_streams: HashMap<u32, bool> = HashMap::new();
-    loop {
-        let mut head = [0u8; 8];
-        match reader.read_exact(&mut head).await {
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(e) => return Err(e.into()),
-        }
-        let flags = head[4];
-        let len = u32::from_be_bytes([0, head[5], head[6], head[7]]) as usize;
-        let mut payload = vec![0u8; len];
-        reader.read_exact(&mut payload).await?;
-        if head[0] & 0x80 == 0 {
-            let stream = u32::from_be_bytes([head[0], head[1], head[2], head[3]]);
-            if data_streams.get(&stream).copied().unwrap_or(false) {
-                update(record, |r| r.echoed += payload.len() as u64);
-                writer.write_all(&data_frame(stream, flags & FLAG_FIN, &payload)).await?;
+    while let Some(frame) = read_frame(&mut reader).await? {
+        match frame {
+            Frame::Data { stream, fin, payload } => {
+                if data_streams.get(&stream).copied().unwrap_or(false) {
+                    update(record, |r| r.echoed += payload.len() as u64);
+                    let flags = if fin { FLAG_FIN } else { 0 };
+                    writer.write_all(&data_frame(stream, flags, &payload)).await?;
+                }
+                continue;
             }
-            continue;
-        }
-        let kind = u16::from_be_bytes([head[2], head[3]]);
-        match kind {
-            SYN_STREAM if payload.len() >= 10 => {
-                let stream = u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]]) & 0x7fff_ffff;
-                let headers = codec.decode(&payload[10..])?;
+            Frame::Control { kind: SYN_STREAM, payload } => {
+                let Some((stream, headers)) = syn_stream(&payload, &mut codec)? else { continue };
                 let get = |k: &str| headers.get(k).cloned().unwrap_or_default();
                 let stream_type = get("streamtype");
                 data_streams.insert(stream, stream_type == "data");
                 update(record, |r| r.streams.push((stream_type, get("port"), get("requestid"))));
-                let mut reply = stream.to_be_bytes().to_vec();
-                reply.extend_from_slice(&codec.encode(&[])?);
-                writer.write_all(&control_frame(SYN_REPLY, 0, &reply)).await?;
+                writer.write_all(&syn_reply(stream, &mut codec)?).await?;
             }
-            PING => writer.write_all(&control_frame(PING, 0, &payload)).await?,
-            GOAWAY => return Ok(()),
+            Frame::Control { kind: PING, payload } => writer.write_all(&control_frame(PING, 0, &payload)).await?,
+            Frame::Control { kind: GOAWAY, .. } => return Ok(()),
             // SETTINGS, WINDOW_UPDATE, RST_STREAM, HEADERS: nothing to do for an echo.
-            _ => {}
+            Frame::Control { .. } => {}
         }
         writer.flush().await?;
     }
+    Ok(())
 }

@@ -9,7 +9,6 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::process::Stdio;
 
 use axum::body::Body;
 use axum::extract::Request;
@@ -18,8 +17,11 @@ use axum::response::Response;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::remote_command::{END_OF_TRANSMISSION, PROGRAMS, exit_status, failure, in_container};
-use crate::spdy::{FLAG_FIN, GOAWAY, HeaderCodec, PING, SYN_REPLY, SYN_STREAM, SpdyError, control_frame, data_frame};
+use crate::remote_command::{END_OF_TRANSMISSION, PROGRAMS, exit_status, failure, spawn_in_container};
+use crate::spdy::{
+    FLAG_FIN, Frame, GOAWAY, HeaderCodec, PING, SYN_STREAM, SpdyError, control_frame, data_frame, read_frame,
+    syn_reply, syn_stream,
+};
 
 pub const PROTOCOL: &str = "v4.channel.k8s.io";
 
@@ -91,43 +93,32 @@ async fn session(
     let mut streams: HashMap<String, u32> = HashMap::new();
     let mut child_stdin: Option<tokio::process::ChildStdin> = None;
     let mut program: Option<tokio::task::JoinHandle<()>> = None;
-    loop {
-        let mut head = [0u8; 8];
-        if reader.read_exact(&mut head).await.is_err() {
-            break;
-        }
-        let flags = head[4];
-        let len = u32::from_be_bytes([0, head[5], head[6], head[7]]) as usize;
-        let mut payload = vec![0u8; len];
-        reader.read_exact(&mut payload).await?;
-        if head[0] & 0x80 == 0 {
-            let stream = u32::from_be_bytes([head[0], head[1], head[2], head[3]]);
-            if streams.get("stdin") == Some(&stream) {
-                let eot = payload.iter().position(|b| channels.tty && *b == END_OF_TRANSMISSION);
-                if let Some(w) = child_stdin.as_mut()
-                    && w.write_all(&payload[..eot.unwrap_or(payload.len())]).await.is_err()
-                {
-                    child_stdin = None;
-                }
-                if flags & FLAG_FIN != 0 || eot.is_some() {
-                    child_stdin = None;
-                }
-            } else if streams.get("resize") == Some(&stream) {
-                // One JSON TerminalSize per message, possibly several per frame.
-                for size in serde_json::Deserializer::from_slice(&payload).into_iter::<serde_json::Value>().flatten() {
-                    containers.record_resize(&dir, size);
+    while let Ok(Some(frame)) = read_frame(&mut reader).await {
+        match frame {
+            Frame::Data { stream, fin, payload } => {
+                if streams.get("stdin") == Some(&stream) {
+                    let eot = payload.iter().position(|b| channels.tty && *b == END_OF_TRANSMISSION);
+                    if let Some(w) = child_stdin.as_mut()
+                        && w.write_all(&payload[..eot.unwrap_or(payload.len())]).await.is_err()
+                    {
+                        child_stdin = None;
+                    }
+                    if fin || eot.is_some() {
+                        child_stdin = None;
+                    }
+                } else if streams.get("resize") == Some(&stream) {
+                    // One JSON TerminalSize per message, possibly several per frame.
+                    for size in
+                        serde_json::Deserializer::from_slice(&payload).into_iter::<serde_json::Value>().flatten()
+                    {
+                        containers.record_resize(&dir, size);
+                    }
                 }
             }
-            continue;
-        }
-        match u16::from_be_bytes([head[2], head[3]]) {
-            SYN_STREAM if payload.len() >= 10 => {
-                let stream = u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]]) & 0x7fff_ffff;
-                let headers = codec.decode(&payload[10..])?;
+            Frame::Control { kind: SYN_STREAM, payload } => {
+                let Some((stream, headers)) = syn_stream(&payload, &mut codec)? else { continue };
                 let kind = headers.get("streamtype").cloned().unwrap_or_default();
-                let mut reply = stream.to_be_bytes().to_vec();
-                reply.extend_from_slice(&codec.encode(&[])?);
-                let _ = frames.send(control_frame(SYN_REPLY, 0, &reply)).await;
+                let _ = frames.send(syn_reply(stream, &mut codec)?).await;
                 streams.insert(kind, stream);
                 if streams.len() == channels.expected() && program.is_none() {
                     let (task, stdin) = start(&dir, &command, &channels, &streams, frames.clone());
@@ -135,11 +126,11 @@ async fn session(
                     program = Some(task);
                 }
             }
-            PING => {
+            Frame::Control { kind: PING, payload } => {
                 let _ = frames.send(control_frame(PING, 0, &payload)).await;
             }
-            GOAWAY => break,
-            _ => {}
+            Frame::Control { kind: GOAWAY, .. } => break,
+            Frame::Control { .. } => {}
         }
     }
     // The client left: the program's input ends; its output has nowhere to go.
@@ -177,14 +168,7 @@ fn start(
         let message = format!("failed to exec in container: exec: \"{name}\": executable file not found in $PATH");
         return (tokio::spawn(fail(frames, failure(message))), None);
     };
-    let spawned = tokio::process::Command::new(program)
-        .args(args.iter().map(|a| in_container(a)))
-        .current_dir(dir)
-        .stdin(if channels.stdin { Stdio::piped() } else { Stdio::null() })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn();
+    let spawned = spawn_in_container(program, args, dir, channels.stdin);
     let mut child = match spawned {
         Ok(child) => child,
         Err(e) => return (tokio::spawn(fail(frames, failure(e.to_string()))), None),

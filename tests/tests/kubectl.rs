@@ -2,11 +2,11 @@
 //! one kas and through a second kas.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
 use kas::agent::AgentConfigDocument;
+use kas_e2e::kubectl::KubectlTarget;
 use kas_e2e::{Cluster, eventually};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -20,41 +20,17 @@ fn kubectl_binary() -> &'static str {
 }
 
 struct Kubectl {
-    server: String,
-    token: String,
-    ca: PathBuf,
-    home: tempfile::TempDir,
+    target: KubectlTarget,
 }
 
 impl Kubectl {
     /// kubectl pointed at agent 1 through kas number `kas`, with a GitLab-style JWT.
     fn new(c: &Cluster, kas: usize) -> Self {
-        Self {
-            server: format!("{}/api/v1/agents/1/kubernetes", c.rest_url(kas)),
-            token: c.gitlab_jwt(),
-            ca: c.rest_ca_file().expect("kubectl needs the rest listener on TLS: it sends tokens only over TLS"),
-            home: tempfile::tempdir().unwrap(),
-        }
+        Self { target: KubectlTarget::new(c, kas) }
     }
 
     fn command(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(kubectl_binary());
-        // An empty kubeconfig and a private cache: nothing from the machine's ~/.kube leaks in.
-        let kubeconfig: PathBuf = self.home.path().join("config");
-        if !kubeconfig.exists() {
-            std::fs::write(&kubeconfig, "apiVersion: v1\nkind: Config\n").unwrap();
-        }
-        cmd.env("KUBECONFIG", &kubeconfig)
-            .env("HOME", self.home.path())
-            .arg(format!("--server={}", self.server))
-            .arg(format!("--token={}", self.token))
-            .arg(format!("--certificate-authority={}", self.ca.display()))
-            .arg(format!("--cache-dir={}", self.home.path().join("cache").display()))
-            .arg("--request-timeout=0")
-            .args(args)
-            .stdin(Stdio::null())
-            .kill_on_drop(true);
-        cmd
+        self.target.command(kubectl_binary(), args)
     }
 
     async fn run(&self, args: &[&str]) -> String {
@@ -74,7 +50,7 @@ impl Kubectl {
 
     /// A long-running kubectl (watch, logs -f) whose stdout is read line by line.
     fn spawn(&self, args: &[&str]) -> (Child, tokio::io::Lines<BufReader<tokio::process::ChildStdout>>) {
-        let log = std::fs::File::create(self.home.path().join("kubectl-stderr.log")).unwrap();
+        let log = std::fs::File::create(self.target.home().join("kubectl-stderr.log")).unwrap();
         let mut child = self.command(args).stdout(Stdio::piped()).stderr(log).spawn().unwrap();
         let lines = BufReader::new(child.stdout.take().unwrap()).lines();
         (child, lines)
@@ -130,7 +106,7 @@ async fn scenarios(c: &Cluster, via: usize) {
     assert_eq!(out, "hi there\n");
 
     // apply -f: POST then PATCH, bodies intact.
-    let manifest = k.home.path().join("pod.yaml");
+    let manifest = k.target.home().join("pod.yaml");
     let pod = |label: &str| {
         format!(
             "apiVersion: v1\nkind: Pod\nmetadata:\n  name: applied\n  namespace: default\n  labels:\n    tier: {label}\nspec:\n  containers:\n  - name: c\n    image: busybox\n"

@@ -20,6 +20,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use kas_e2e::Cluster;
+use kas_e2e::kubectl::KubectlTarget;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -58,25 +59,12 @@ struct Kubectl {
     minor: u32,
     /// Run with `KUBECTL_REMOTE_COMMAND_WEBSOCKETS=true` (the 1.29 row that opts in).
     websocket_gate: bool,
-    server: String,
-    token: String,
-    ca: PathBuf,
-    home: tempfile::TempDir,
+    target: KubectlTarget,
 }
 
 impl Kubectl {
     fn new(c: &Cluster, minor: u32, binary: PathBuf) -> Self {
-        let home = tempfile::tempdir().unwrap();
-        std::fs::write(home.path().join("config"), "apiVersion: v1\nkind: Config\n").unwrap();
-        Self {
-            binary,
-            minor,
-            websocket_gate: false,
-            server: format!("{}/api/v1/agents/1/kubernetes", c.rest_url(0)),
-            token: c.gitlab_jwt(),
-            ca: c.rest_ca_file().expect("kubectl sends tokens only over TLS"),
-            home,
-        }
+        Self { binary, minor, websocket_gate: false, target: KubectlTarget::new(c, 0) }
     }
 
     /// Whether this kubectl speaks remote command over WebSocket (on by default from 1.30; 1.29
@@ -86,17 +74,7 @@ impl Kubectl {
     }
 
     fn command(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(&self.binary);
-        cmd.env("KUBECONFIG", self.home.path().join("config"))
-            .env("HOME", self.home.path())
-            .arg(format!("--server={}", self.server))
-            .arg(format!("--token={}", self.token))
-            .arg(format!("--certificate-authority={}", self.ca.display()))
-            .arg(format!("--cache-dir={}", self.home.path().join("cache").display()))
-            .arg("--request-timeout=0")
-            .args(args)
-            .stdin(Stdio::null())
-            .kill_on_drop(true);
+        let mut cmd = self.target.command(&self.binary, args);
         if self.websocket_gate {
             cmd.env("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "true");
         }
@@ -133,7 +111,7 @@ impl Kubectl {
     }
 
     fn spawn(&self, args: &[&str]) -> (Child, tokio::io::Lines<BufReader<tokio::process::ChildStdout>>) {
-        let log = std::fs::File::create(self.home.path().join(format!("stderr-{}.log", args[0]))).unwrap();
+        let log = std::fs::File::create(self.target.home().join(format!("stderr-{}.log", args[0]))).unwrap();
         let mut child = self.command(args).stdout(Stdio::piped()).stderr(log).spawn().unwrap();
         let lines = BufReader::new(child.stdout.take().unwrap()).lines();
         (child, lines)
@@ -207,7 +185,7 @@ async fn verbs(c: &Cluster, k: Kubectl) {
     exec_with_terminal(c, &k).await;
 
     // cp to the pod (tar x in the container) and back (tar c).
-    let local = k.home.path().join("upload.bin");
+    let local = k.target.home().join("upload.bin");
     let content = binary_payload(64 * 1024 + 17);
     std::fs::write(&local, &content).unwrap();
     k.run(&["cp", local.to_str().unwrap(), &format!("{ns}/web:/tmp/upload.bin")]).await;
@@ -216,7 +194,7 @@ async fn verbs(c: &Cluster, k: Kubectl) {
 
     let from_pod = c.kube.containers().filesystem(ns, "web").join("tmp/download.txt");
     std::fs::write(&from_pod, format!("from the pod, for 1.{v}\n")).unwrap();
-    let downloaded = k.home.path().join("download.txt");
+    let downloaded = k.target.home().join("download.txt");
     k.run(&["cp", &format!("{ns}/web:/tmp/download.txt"), downloaded.to_str().unwrap()]).await;
     assert_eq!(std::fs::read_to_string(&downloaded).unwrap(), format!("from the pod, for 1.{v}\n"));
 

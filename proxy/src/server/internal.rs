@@ -16,10 +16,6 @@ use crate::modules::get_pods::{self, Scope};
 use crate::router::{Router, Target};
 use crate::tunnel::{TunnelReceiver, TunnelSender};
 
-/// How long the gateway waits, once the response ended, for the routing kas to end its side of
-/// the stream (it does as soon as it has read the response's end).
-const ROUTING_SIDE_END_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
-
 pub struct InternalService {
     pub router: Router,
 }
@@ -140,15 +136,8 @@ impl KasInternal for InternalService {
                         () = pipe_requests(&mut from_routing, to_agent) => requests_ended.cancel(),
                         () = responses_ended.cancelled() => {
                             // The agent's tunnel is released (`to_agent` dropped with the pipe);
-                            // the routing kas's side is read to its end. Dropping it while the
-                            // routing kas has not ended it makes HTTP/2 reset the stream, and
-                            // at thousands of requests a second the resets of streams h2 no
-                            // longer remembers count as errors until it closes the whole
-                            // connection ("locally-reset streams reached limit").
-                            let _ = tokio::time::timeout(ROUTING_SIDE_END_WAIT, async {
-                                while let Some(Ok(_)) = from_routing.next().await {}
-                            })
-                            .await;
+                            // the routing kas's side is read to its end, not reset.
+                            crate::tunnel::read_to_end(from_routing).await;
                         }
                     }
                 }

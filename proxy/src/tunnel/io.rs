@@ -364,10 +364,7 @@ impl TunnelReceiver {
         }
         if lock(&self.order).is_done() {
             // The response ended; the stream's own end (agentk's END_STREAM, the gateway's
-            // gRPC trailers) follows at once. Read it elsewhere instead of dropping the stream
-            // before it: HTTP/2 would reset the stream, and at thousands of requests a second
-            // the frames arriving on reset streams h2 no longer remembers count as errors until
-            // h2 closes the whole connection ("locally-reset streams reached limit").
+            // gRPC trailers) follows at once and is read elsewhere (see `read_to_end`).
             let rest = std::mem::replace(&mut self.from, futures::stream::empty().boxed());
             tokio::spawn(read_to_end(rest));
         }
@@ -385,10 +382,15 @@ impl TunnelReceiver {
     }
 }
 
-/// How long the end of a tunnel stream is waited for once its response ended.
+/// How long the other end's end of a tunnel stream is waited for once the exchange ended (it
+/// follows at once from a well-behaved peer).
 const STREAM_END_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
-async fn read_to_end(mut rest: BoxStream<'static, Result<ConnectRequest, Status>>) {
+/// Reads what is left of a tunnel stream (gRPC, either direction) to its end, within
+/// [`STREAM_END_WAIT`]. Dropping a stream before its end makes HTTP/2 reset it, and at thousands
+/// of requests a second the frames arriving on reset streams h2 no longer remembers count as
+/// errors until h2 closes the whole connection ("locally-reset streams reached limit").
+pub async fn read_to_end<T, E>(mut rest: impl futures::Stream<Item = Result<T, E>> + Unpin) {
     let _ = tokio::time::timeout(STREAM_END_WAIT, async { while let Some(Ok(_)) = rest.next().await {} }).await;
 }
 

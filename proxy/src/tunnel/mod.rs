@@ -16,7 +16,9 @@ use kas_proto::{AgentId, ConnectionId};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-pub use io::{ClosedSignal, ToAgent, ToPeer, TunnelIo, TunnelReceiver, TunnelSender, UnaryResponse, agent_error};
+pub use io::{
+    ClosedSignal, ToAgent, ToPeer, TunnelIo, TunnelReceiver, TunnelSender, UnaryResponse, agent_error, read_to_end,
+};
 
 /// What a request needs from a tunnel.
 #[derive(Debug, Clone, PartialEq, Eq)]
