@@ -132,6 +132,7 @@ for values in "${value_files[@]}"; do
   case $name in
     default)
       expect_kinds "$rendered" "ClusterRole/gitlab-agent-agentk ClusterRoleBinding/gitlab-agent-agentk Deployment/agentk PodDisruptionBudget/agentk Secret/agentk-token ServiceAccount/agentk"
+      grep -q impersonate "$rendered" && die "default: impersonate granted without rbac.impersonate"
       [[ $(container_field "$rendered" pod.terminationGracePeriodSeconds) == 30 ]] || die "default termination grace"
       [[ $(container_field "$rendered" container.securityContext.readOnlyRootFilesystem) == true ]] || die "read-only root"
       [[ $(container_field "$rendered" container.securityContext.capabilities.drop) == '["ALL"]' ]] || die "capabilities"
@@ -149,6 +150,7 @@ for values in "${value_files[@]}"; do
       expect_contains "existing-secret volumes" "$volumes" '"key": "agent-token"'
       ;;
     rbac-off)
+      grep -q impersonate "$rendered" && die "rbac-off: impersonate granted"
       expect_kinds "$rendered" "Deployment/agentk PodDisruptionBudget/agentk Secret/agentk-token"
       [[ $(container_field "$rendered" pod.serviceAccountName) == '"agentk-managed-elsewhere"' ]] || die "rbac-off SA name"
       ;;
@@ -164,6 +166,8 @@ for values in "${value_files[@]}"; do
       expect_kinds "$rendered" "ClusterRole/gitlab-agent-agentk ClusterRoleBinding/gitlab-agent-agentk ClusterRoleBinding/gitlab-agent-agentk-cluster-admin Deployment/agentk Secret/agentk-token ServiceAccount/agentk"
       [[ $(container_field "$rendered" pod.terminationGracePeriodSeconds) == 60 ]] || die "tuned termination grace"
       expect_contains "tuned args" "$args" '"--grace-period=45s"'
+      grep -q 'verbs: \["impersonate"\]' "$rendered" || die "tuned: rbac.impersonate did not grant impersonate"
+      grep -q 'userextras/\*' "$rendered" || die "tuned: rbac.impersonate did not grant user extras"
       ;;
     *) die "no expectations for value set $name: add a case in helm/test.sh" ;;
   esac

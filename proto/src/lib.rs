@@ -10,6 +10,7 @@
 
 pub mod flow;
 pub mod ids;
+pub mod impersonation;
 pub mod metadata;
 pub mod tunnel;
 

@@ -3,8 +3,10 @@
 //! ways. Protocol upgrades (kubectl exec, attach, port-forward) become a byte stream.
 //!
 //! What reaches the API server: the method and path kas sent, a documented whitelist of request
-//! headers ([`FORWARDED_REQUEST_HEADERS`]: never the caller's `Authorization`, never
-//! `Impersonate-*`), agentk's own credentials, and `User-Agent` extended with `via agentk/<v>`.
+//! headers ([`FORWARDED_REQUEST_HEADERS`]: never the caller's `Authorization`, never the caller's
+//! `Impersonate-*`), agentk's own credentials, `User-Agent` extended with `via agentk/<v>`, and
+//! the `Impersonate-*` headers of the identity kas put in the tunnel's metadata, if any
+//! ([`Impersonation`]: a CI job or user per the agent's `ci_access` / `user_access`).
 //! Redirects are not followed. Two timeouts bound the wait for the API server (see
 //! [`ApiTimeouts`]): the TCP connect, and the response head counted from the start of the
 //! request; both are answered with a 504 Kubernetes `Status`. After the head there are no read
@@ -33,6 +35,7 @@ use kas_proto::kubernetes_api::{
     HttpFrame, HttpRequestHead, HttpResponseHead, headers_from_proto, headers_to_proto, http_frame, is_upgrade,
     strip_hop_by_hop,
 };
+use kas_proto::impersonation::Impersonation;
 use kube::client::ConfigExt;
 use prost::Message;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -251,7 +254,16 @@ impl KubernetesApi {
             return Err(Status::invalid_argument("the first frame must be the request head"));
         };
         let (method, uri) = method_and_uri(&head)?;
-        let headers = forwarded_headers(&head);
+        let mut headers = forwarded_headers(&head);
+        // Who kas says the caller is (CI job, user, or an `impersonate` identity); without
+        // it agentk acts as itself.
+        let impersonation = Impersonation::from_metadata(&request.metadata)
+            .and_then(|i| i.map(|i| i.headers().map(|h| (i.user, h))).transpose())
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let impersonated = impersonation.as_ref().map(|(user, _)| user.clone());
+        if let Some((_, impersonate)) = impersonation {
+            headers.extend(impersonate);
+        }
         let upgrade = is_upgrade(&headers);
         if let Some(reason) = self.refusal(&method, upgrade) {
             tracing::info!(method = %head.method, path = %uri.path(), "Kubernetes API request refused by the agent configuration");
@@ -267,7 +279,7 @@ impl KubernetesApi {
         *http_request.method_mut() = method;
         *http_request.uri_mut() = uri;
         *http_request.headers_mut() = headers;
-        tracing::debug!(method = %head.method, path = %head.path, upgrade, "proxying to the Kubernetes API");
+        tracing::debug!(method = %head.method, path = %head.path, upgrade, impersonated, "proxying to the Kubernetes API");
 
         let started = std::time::Instant::now();
         let head_deadline = tokio::time::Instant::now() + self.timeouts.response_header;
