@@ -284,3 +284,58 @@ mod proptests {
         }
     }
 }
+
+/// Whether a request is one of client-go's discovery requests (`/version`, `/api`, `/apis`, a
+/// group or group version, `/openapi/...`). client-go reads their errors with `Result.Raw()`,
+/// which replaces a `Status`'s message with a fixed text for most codes ("the server has asked
+/// for the client to provide credentials"), so kas and agentk repeat their own message in a
+/// `Warning` header there, which kubectl prints as is.
+pub fn is_discovery_request(method: &str, path: &str) -> bool {
+    if method != "GET" {
+        return false;
+    }
+    let path = path.split('?').next().unwrap_or_default();
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    matches!(segments.as_slice(), ["version"] | ["api"] | ["api", _] | ["apis"] | ["apis", _] | ["apis", _, _])
+        || segments.first() == Some(&"openapi")
+}
+
+/// A `Warning` header (RFC 9111 syntax, code 299, as the API server sends them) carrying
+/// `message`: quotes and backslashes escaped, anything but printable ASCII replaced.
+pub fn warning_header(message: &str) -> HeaderValue {
+    let mut text = String::with_capacity(message.len() + 8);
+    text.push_str("299 - \"");
+    for c in message.chars() {
+        match c {
+            '"' | '\\' => {
+                text.push('\\');
+                text.push(c);
+            }
+            ' '..='~' => text.push(c),
+            _ => text.push('?'),
+        }
+    }
+    text.push('"');
+    HeaderValue::from_str(&text).unwrap_or_else(|_| HeaderValue::from_static("299 - \"kas error\""))
+}
+
+#[cfg(test)]
+mod discovery_tests {
+    use super::*;
+
+    #[test]
+    fn discovery_requests_are_recognised() {
+        for path in ["/version?timeout=5s", "/api", "/api/v1", "/apis", "/apis/apps", "/apis/apps/v1", "/openapi/v3"] {
+            assert!(is_discovery_request("GET", path), "{path}");
+        }
+        for path in ["/api/v1/pods", "/apis/apps/v1/deployments", "/healthz"] {
+            assert!(!is_discovery_request("GET", path), "{path}");
+        }
+        assert!(!is_discovery_request("POST", "/api"));
+    }
+
+    #[test]
+    fn warnings_are_quoted_and_ascii() {
+        assert_eq!(warning_header("agent 1 \"x\" \\ é\n"), "299 - \"agent 1 \\\"x\\\" \\\\ ??\"");
+    }
+}

@@ -37,6 +37,14 @@ pub enum KasError {
     /// No connection of the agent appeared before the wait ended.
     #[error("agent {agent_id} is not connected (waited {} for it to connect)", Rounded(*.waited))]
     AgentNotConnected { agent_id: AgentId, waited: Duration },
+    /// No connection of the agent exists and no kas has seen one within the registry TTL, on a
+    /// path that does not wait for such agents (the Kubernetes API proxy: kubectl's discovery
+    /// would otherwise wait `routing.max_wait` per request).
+    #[error(
+        "agent {agent_id} is not connected to kas, and no kas has seen it connected within registry.ttl; \
+         is agentk running, and is its token for this agent?"
+    )]
+    AgentNotSeen { agent_id: AgentId },
     /// The named connection does not exist (anywhere the router looked).
     #[error("connection {connection_id} of agent {agent_id} is not connected (waited {})", Rounded(*.waited))]
     ConnectionNotConnected { agent_id: AgentId, connection_id: ConnectionId, waited: Duration },
@@ -81,7 +89,7 @@ impl KasError {
             Self::GitUnavailable(_) | Self::RateLimited(_) => (Code::Unavailable, S::SERVICE_UNAVAILABLE),
             Self::InvalidArgument(_) => (Code::InvalidArgument, S::BAD_REQUEST),
             Self::TooLarge(_) => (Code::OutOfRange, S::PAYLOAD_TOO_LARGE),
-            Self::AgentNotConnected { .. } | Self::ConnectionNotConnected { .. } => {
+            Self::AgentNotConnected { .. } | Self::ConnectionNotConnected { .. } | Self::AgentNotSeen { .. } => {
                 (Code::Unavailable, S::SERVICE_UNAVAILABLE)
             }
             Self::AgentBusy { .. } => (Code::Unavailable, S::SERVICE_UNAVAILABLE),

@@ -34,6 +34,13 @@ pub trait Module: Send + Sync {
         OpenApiRouter::new()
     }
 
+    /// Streaming routes that authenticate callers themselves instead of the listener's JWT
+    /// check (the Kubernetes API proxy: CI job and user tokens too, and its errors, even a bad
+    /// credential, are Kubernetes `Status` objects). They must refuse unauthenticated calls.
+    fn self_authenticated_rest_routes(&self) -> OpenApiRouter<RestState> {
+        OpenApiRouter::new()
+    }
+
     /// gRPC services the feature adds to the agent, api and internal listeners.
     fn grpc_services(&self, _context: &ModuleContext, _services: &mut GrpcServices) {}
 

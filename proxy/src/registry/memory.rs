@@ -32,6 +32,8 @@ struct Data {
     instances: HashMap<String, Instant>,
     /// (agent, window index) -> connections counted in that window
     connection_counts: HashMap<(AgentId, u64), u64>,
+    /// agent -> until when it counts as seen after its last connection was unregistered
+    seen_until: HashMap<AgentId, Instant>,
 }
 
 /// The shared state (what Redis is for the Redis backend). Plain maps behind a lock that is
@@ -120,7 +122,10 @@ impl AgentRegistry for MemoryRegistry {
     ) -> Result<(), RegistryError> {
         let key = (agent_id, project_id, connection_id);
         self.owned().remove(&key);
-        self.store.lock().entries.remove(&key);
+        let mut data = self.store.lock();
+        data.entries.remove(&key);
+        data.seen_until.insert(agent_id, Instant::now() + self.timing.ttl);
+        drop(data);
         let _ = self.store.events.send(RegistryEvent::Disconnected { agent_id, connection_id });
         Ok(())
     }
@@ -148,6 +153,7 @@ impl AgentRegistry for MemoryRegistry {
         let mut data = self.store.lock();
         data.entries.retain(|_, e| e.expires_at > now);
         data.instances.retain(|_, t| *t > now);
+        data.seen_until.retain(|_, t| *t > now);
         Ok(())
     }
 
@@ -157,6 +163,13 @@ impl AgentRegistry for MemoryRegistry {
 
     async fn connections_by_project_id(&self, project_id: ProjectId) -> Result<Vec<ConnectedAgentInfo>, RegistryError> {
         Ok(self.live(|k| k.1 == project_id))
+    }
+
+    async fn seen_recently(&self, agent_id: AgentId) -> Result<bool, RegistryError> {
+        let now = Instant::now();
+        let data = self.store.lock();
+        let registered = data.entries.iter().any(|(k, e)| k.0 == agent_id && e.expires_at > now);
+        Ok(registered || data.seen_until.get(&agent_id).is_some_and(|t| *t > now))
     }
 
     fn subscribe(&self) -> broadcast::Receiver<RegistryEvent> {
@@ -182,8 +195,10 @@ impl AgentRegistry for MemoryRegistry {
     async fn remove_all_owned(&self) -> Result<(), RegistryError> {
         let owned: Vec<Key> = self.owned().drain().collect();
         let mut data = self.store.lock();
+        let seen_until = Instant::now() + self.timing.ttl;
         for key in &owned {
             data.entries.remove(key);
+            data.seen_until.insert(key.0, seen_until);
         }
         data.instances.remove(&self.instance.instance_id);
         drop(data);

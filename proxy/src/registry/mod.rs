@@ -98,6 +98,10 @@ pub trait AgentRegistry: Send + Sync + 'static {
     async fn gc(&self) -> Result<(), RegistryError>;
     /// Live connections of an agent held by live kas instances.
     async fn connections_by_agent_id(&self, agent_id: AgentId) -> Result<Vec<ConnectedAgentInfo>, RegistryError>;
+    /// Whether some kas held a connection of the agent within the record TTL: one is registered
+    /// (even by a kas that died since), or one was unregistered less than a TTL ago. An agent
+    /// that was never seen, or not for that long, is not merely reconnecting.
+    async fn seen_recently(&self, agent_id: AgentId) -> Result<bool, RegistryError>;
     /// Live connections of the agents of a configuration project held by live kas instances.
     async fn connections_by_project_id(&self, project_id: ProjectId) -> Result<Vec<ConnectedAgentInfo>, RegistryError>;
     /// Connection events from every kas. Subscribe before looking up, so no event is missed.

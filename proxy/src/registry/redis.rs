@@ -113,6 +113,10 @@ impl Keys {
     fn project(&self, id: ProjectId) -> String {
         format!("{}:project:{id}", self.prefix)
     }
+    /// Set (for a record TTL) when a connection of the agent is unregistered: see `seen_recently`.
+    fn seen(&self, id: AgentId) -> String {
+        format!("{}:seen:{id}", self.prefix)
+    }
     fn instance(&self, id: &str) -> String {
         format!("{}:kas:{id}", self.prefix)
     }
@@ -423,6 +427,8 @@ impl AgentRegistry for RedisRegistry {
             .ignore()
             .hdel(self.keys.project(project_id), &field)
             .ignore()
+            .pset_ex(self.keys.seen(agent_id), 1u8, self.timing.ttl.as_millis().try_into().unwrap_or(u64::MAX))
+            .ignore()
             .publish(
                 self.keys.events(),
                 event_bytes(connection_event::Kind::Disconnected, agent_id, connection_id, &self.instance.instance_id),
@@ -497,6 +503,13 @@ impl AgentRegistry for RedisRegistry {
         self.read(self.keys.agent(agent_id)).await
     }
 
+    async fn seen_recently(&self, agent_id: AgentId) -> Result<bool, RegistryError> {
+        let mut pipe = redis::pipe();
+        pipe.exists(&[self.keys.agent(agent_id), self.keys.seen(agent_id)]);
+        let (count,): (u64,) = self.query("seen_recently", &pipe).await?;
+        Ok(count > 0)
+    }
+
     async fn connections_by_project_id(&self, project_id: ProjectId) -> Result<Vec<ConnectedAgentInfo>, RegistryError> {
         self.read(self.keys.project(project_id)).await
     }
@@ -530,6 +543,8 @@ impl AgentRegistry for RedisRegistry {
             let field = connection_id.0.to_string();
             pipe.hdel(self.keys.agent(*agent_id), &field).ignore();
             pipe.hdel(self.keys.project(record.project_id), &field).ignore();
+            pipe.pset_ex(self.keys.seen(*agent_id), 1u8, self.timing.ttl.as_millis().try_into().unwrap_or(u64::MAX))
+                .ignore();
             let event = event_bytes(
                 connection_event::Kind::Disconnected,
                 *agent_id,

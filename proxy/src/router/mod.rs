@@ -109,11 +109,21 @@ pub struct Target {
     pub agent_id: AgentId,
     pub connection_id: ConnectionId,
     pub method: String,
+    /// Wait for the agent only if some kas saw it within the registry TTL (it is probably
+    /// reconnecting); otherwise fail at once with [`KasError::AgentNotSeen`].
+    pub wait_only_if_seen: bool,
 }
 
 impl Target {
     pub fn new(agent_id: AgentId, connection_id: ConnectionId, method: &str) -> Self {
-        Self { agent_id, connection_id, method: method.to_owned() }
+        Self { agent_id, connection_id, method: method.to_owned(), wait_only_if_seen: false }
+    }
+
+    /// See [`Target::wait_only_if_seen`].
+    #[must_use]
+    pub fn waiting_only_if_seen(mut self) -> Self {
+        self.wait_only_if_seen = true;
+        self
     }
 
     pub fn validate(&self) -> Result<(), KasError> {
@@ -170,6 +180,7 @@ impl Router {
             Ok((_, kind)) => *kind,
             Err(
                 KasError::AgentNotConnected { .. }
+                | KasError::AgentNotSeen { .. }
                 | KasError::ConnectionNotConnected { .. }
                 | KasError::AgentBusy { .. }
                 | KasError::DeadlineExceeded { .. },
@@ -198,6 +209,9 @@ impl Router {
         }
         if let Some(io) = self.try_peers(target, deadline).await? {
             return Ok(self.routed(target, io, RouteOutcome::Peer, started));
+        }
+        if target.wait_only_if_seen && !self.seen_recently(target.agent_id).await {
+            return Err(KasError::AgentNotSeen { agent_id: target.agent_id });
         }
         let local = self.tunnels.find(target.query());
         tokio::pin!(local);
@@ -242,6 +256,15 @@ impl Router {
     ) -> (TunnelIo, RouteOutcome) {
         tracing::debug!(agent_id = %target.agent_id, method = %target.method, ?outcome, waited = ?started.elapsed(), "routed");
         (io, outcome)
+    }
+
+    /// Whether the registry says the agent was seen recently; when it cannot say (Redis down),
+    /// the agent gets the benefit of the doubt and the caller waits as usual.
+    async fn seen_recently(&self, agent_id: AgentId) -> bool {
+        self.registry.seen_recently(agent_id).await.unwrap_or_else(|e| {
+            tracing::debug!(agent_id = %agent_id, error = %e, "registry lookup failed; waiting for the agent");
+            true
+        })
     }
 
     /// Connections of the agent held by other live kas instances, in random order (spreads load

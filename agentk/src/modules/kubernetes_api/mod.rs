@@ -32,8 +32,8 @@ use hyper::body::{Frame, Incoming};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use kas_proto::kubernetes_api::{
-    HttpFrame, HttpRequestHead, HttpResponseHead, headers_from_proto, headers_to_proto, http_frame, is_upgrade,
-    strip_hop_by_hop,
+    HttpFrame, HttpRequestHead, HttpResponseHead, headers_from_proto, headers_to_proto, http_frame,
+    is_discovery_request, is_upgrade, strip_hop_by_hop, warning_header,
 };
 use kas_proto::impersonation::Impersonation;
 use kube::client::ConfigExt;
@@ -175,13 +175,20 @@ impl KubernetesApi {
 }
 
 /// A Kubernetes `Status` (HTTP 403 Forbidden) for a request the agent configuration refuses.
-async fn forbidden(responder: &Responder, method: &str, path: &str, reason: &str) -> Result<Outcome, Status> {
-    kubernetes_status(responder, 403, "Forbidden", &format!("{method} {path}: {reason}")).await?;
+async fn forbidden(responder: &Responder, head: &HttpRequestHead, path: &str, reason: &str) -> Result<Outcome, Status> {
+    kubernetes_status(responder, head, 403, "Forbidden", &format!("{} {path}: {reason}", head.method)).await?;
     Ok(Outcome::Refused)
 }
 
-/// agentk's own answer as a Kubernetes `Status`, as the API server would send it.
-async fn kubernetes_status(responder: &Responder, code: u16, reason: &str, message: &str) -> Result<(), Status> {
+/// agentk's own answer as a Kubernetes `Status`, as the API server would send it (with the
+/// message in a `Warning` too for discovery requests, whose `Status` kubectl does not print).
+async fn kubernetes_status(
+    responder: &Responder,
+    request: &HttpRequestHead,
+    code: u16,
+    reason: &str,
+    message: &str,
+) -> Result<(), Status> {
     let body = serde_json::json!({
         "kind": "Status",
         "apiVersion": "v1",
@@ -195,6 +202,9 @@ async fn kubernetes_status(responder: &Responder, code: u16, reason: &str, messa
     .to_string();
     let mut headers = HeaderMap::new();
     headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    if is_discovery_request(&request.method, &request.path) {
+        headers.insert(http::header::WARNING, warning_header(message));
+    }
     responder.header(Default::default()).await?;
     let head = HttpResponseHead { status: u32::from(code), headers: headers_to_proto(&headers) };
     responder.message(HttpFrame::response_head(head).to_bytes()).await?;
@@ -267,7 +277,7 @@ impl KubernetesApi {
         let upgrade = is_upgrade(&headers);
         if let Some(reason) = self.refusal(&method, upgrade) {
             tracing::info!(method = %head.method, path = %uri.path(), "Kubernetes API request refused by the agent configuration");
-            return forbidden(responder, &head.method, uri.path(), reason).await;
+            return forbidden(responder, &head, uri.path(), reason).await;
         }
         let (body_tx, body_rx) = mpsc::channel(BODY_BUFFER);
         let body: ProxyBody = if upgrade {
@@ -303,7 +313,7 @@ impl KubernetesApi {
                         head.method, head.path, self.timeouts.response_header
                     );
                     tracing::info!(method = %head.method, path = %head.path, "Kubernetes API response header timeout");
-                    return kubernetes_status(responder, 504, "Timeout", &message).await.map(|()| Outcome::Timeout);
+                    return kubernetes_status(responder, &head, 504, "Timeout", &message).await.map(|()| Outcome::Timeout);
                 }
             }
         };
@@ -316,7 +326,7 @@ impl KubernetesApi {
                     head.method, head.path, self.timeouts.connect
                 );
                 tracing::info!(method = %head.method, path = %head.path, "Kubernetes API connect timeout");
-                return kubernetes_status(responder, 504, "Timeout", &message).await.map(|()| Outcome::Timeout);
+                return kubernetes_status(responder, &head, 504, "Timeout", &message).await.map(|()| Outcome::Timeout);
             }
             Err(e) => return Err(Status::unavailable(format!("Kubernetes API unreachable: {e}"))),
         };

@@ -2,12 +2,12 @@
 
 use futures::{Stream, StreamExt};
 use kas_proto::kas::KubernetesRequest;
-use kas_proto::kubernetes_api::{HttpFrame, http_frame};
+use kas_proto::kubernetes_api::{HttpFrame, METHOD, http_frame};
 use kas_proto::{AgentId, ConnectionId};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::error::KasError;
-use crate::router::Router;
+use crate::router::{Router, Target};
 
 /// The response stream: the response head, then body chunks.
 pub type FrameStream = std::pin::Pin<Box<dyn Stream<Item = Result<HttpFrame, Status>> + Send>>;
@@ -22,15 +22,12 @@ pub async fn make_kubernetes_request(
     let Some(http_frame::Frame::RequestHead(head)) = first.frame.and_then(|f| f.frame) else {
         return Err(Status::invalid_argument("the first message must carry the request head"));
     };
-    let mut exchange = super::start(
-        router,
+    let target = Target::new(
         AgentId::from_wire("agent_id", first.agent_id).map_err(KasError::from)?,
         ConnectionId::from_wire_or_any("connection_id", first.connection_id).map_err(KasError::from)?,
-        metadata,
-        head,
-        None,
-    )
-    .await?;
+        METHOD,
+    );
+    let mut exchange = super::start(router, target, metadata, head, None).await?;
     let body = inbound.filter_map(|m| async move {
         match m {
             Ok(KubernetesRequest {

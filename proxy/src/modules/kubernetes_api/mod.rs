@@ -14,10 +14,10 @@ use futures::Stream;
 use futures::StreamExt;
 use kas_proto::kubernetes_api::{HttpFrame, HttpRequestHead, HttpResponseHead, METHOD, http_frame, strip_hop_by_hop};
 use kas_proto::tunnel::pb::{ConnectResponse, MetadataValues, RequestInfo, connect_request};
-use kas_proto::{AgentId, ConnectionId};
 use prost::Message;
 use tokio_util::task::AbortOnDropHandle;
 
+pub mod callers;
 pub mod grpc;
 pub mod metrics;
 pub mod rest;
@@ -55,8 +55,7 @@ pub struct Exchange {
 /// [`pump_body`] and reads the response with [`Exchange::response_head`] and [`body_stream`].
 pub async fn start(
     router: &Router,
-    agent_id: AgentId,
-    connection_id: ConnectionId,
+    target: Target,
     mut metadata: HashMap<String, MetadataValues>,
     mut head: HttpRequestHead,
     deadline: Option<Duration>,
@@ -66,7 +65,8 @@ pub async fn start(
         return Err(KasError::InvalidArgument("the request head needs a method and a path starting with /".into()));
     }
     sanitize_request_head(&mut head);
-    let tunnel = router.route(&Target::new(agent_id, connection_id, METHOD), deadline).await?;
+    let agent_id = target.agent_id;
+    let tunnel = router.route(&target, deadline).await?;
     tracing::debug!(
         %request_id,
         agent_id = %agent_id,
@@ -212,7 +212,7 @@ impl super::Module for KubernetesApi {
         "kubernetes_api"
     }
 
-    fn streaming_rest_routes(&self) -> utoipa_axum::router::OpenApiRouter<crate::server::rest::state::RestState> {
+    fn self_authenticated_rest_routes(&self) -> utoipa_axum::router::OpenApiRouter<crate::server::rest::state::RestState> {
         rest::routes()
     }
 

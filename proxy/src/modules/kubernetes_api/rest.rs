@@ -16,13 +16,17 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use futures::StreamExt;
 use hyper_util::rt::TokioIo;
-use kas_proto::kubernetes_api::{HttpRequestHead, headers_from_proto, headers_to_proto, is_upgrade, strip_hop_by_hop};
+use kas_proto::kubernetes_api::{
+    HttpRequestHead, headers_from_proto, headers_to_proto, is_discovery_request, is_upgrade, strip_hop_by_hop,
+    warning_header,
+};
 use kas_proto::{AgentId, ConnectionId};
 use tokio::io::AsyncWriteExt;
 use tokio_util::io::ReaderStream;
 
-use super::{Exchange, pump_body, start};
+use super::{Exchange, callers, pump_body, start};
 use crate::error::KasError;
+use crate::router::Target;
 use serde::{Deserialize, Serialize};
 use utoipa::{OpenApi, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
@@ -123,6 +127,7 @@ impl IntoResponse for KubernetesStatus {
         let body = serde_json::to_string(&self).unwrap_or_default();
         let mut response = (status, [(http::header::CONTENT_TYPE, "application/json")], body).into_response();
         response.extensions_mut().insert(OwnErrorFormat);
+        response.extensions_mut().insert(KasStatus(self.message));
         response
     }
 }
@@ -132,10 +137,34 @@ async fn proxy(
     Path(params): Path<HashMap<String, String>>,
     request: Request,
 ) -> Response {
-    match proxy_inner(&state, params, request).await {
+    let discovery = is_discovery_request(request.method().as_str(), &proxied_path(&params, request.uri()));
+    let mut response = match proxy_inner(&state, params, request).await {
         Ok(response) => response,
-        Err(e) => kubernetes_status(&e),
+        Err(e) => {
+            tracing::debug!(error = %e, "Kubernetes API proxy error");
+            kubernetes_status(&e)
+        }
+    };
+    if discovery && response.extensions().get::<KasStatus>().is_some() {
+        // client-go prints a fixed text instead of the Status's message for discovery requests.
+        let message = response.extensions().get::<KasStatus>().map(|s| s.0.clone()).unwrap_or_default();
+        response.headers_mut().insert(http::header::WARNING, warning_header(&message));
     }
+    response
+}
+
+/// Marks a response as kas's own `Status` (not the API server's), with its message.
+#[derive(Clone)]
+struct KasStatus(String);
+
+/// The Kubernetes API path (and query) the caller asked for.
+fn proxied_path(params: &HashMap<String, String>, uri: &http::Uri) -> String {
+    let mut path = format!("/{}", params.get("path").map(String::as_str).unwrap_or_default());
+    if let Some(query) = uri.query() {
+        path.push('?');
+        path.push_str(query);
+    }
+    path
 }
 
 /// kas's own errors on this path as a Kubernetes `Status` (what kubectl and client libraries
@@ -145,6 +174,7 @@ pub fn kubernetes_status(e: &KasError) -> Response {
     let reason = match status {
         http::StatusCode::BAD_REQUEST => "BadRequest",
         http::StatusCode::UNAUTHORIZED => "Unauthorized",
+        http::StatusCode::FORBIDDEN => "Forbidden",
         http::StatusCode::NOT_FOUND => "NotFound",
         http::StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailable",
         http::StatusCode::GATEWAY_TIMEOUT => "Timeout",
@@ -161,11 +191,10 @@ async fn proxy_inner(
     mut request: Request,
 ) -> Result<Response, KasError> {
     let agent_id = agent_id_param(&params)?;
-    let mut path = format!("/{}", params.get("path").map(String::as_str).unwrap_or_default());
-    if let Some(query) = request.uri().query() {
-        path.push('?');
-        path.push_str(query);
-    }
+    let authorization = request.headers().get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    let impersonation = callers::authorize(state, authorization, agent_id).await?;
+    request.headers_mut().remove(http::header::AUTHORIZATION);
+    let path = proxied_path(&params, request.uri());
     let upgrade = is_upgrade(request.headers());
     let progress = request.extensions().get::<crate::server::rest::serve::WriteProgress>().cloned();
     // Taken before the body: after a 101 this is the caller's connection, as raw bytes.
@@ -175,7 +204,10 @@ async fn proxy_inner(
         path,
         headers: headers_to_proto(request.headers()),
     };
-    let metadata = forwarded_metadata(request.headers());
+    let mut metadata = forwarded_metadata(request.headers());
+    if let Some(impersonation) = &impersonation {
+        impersonation.insert_into(&mut metadata);
+    }
     let limit = state.config.max_request_body_bytes;
     // A body of unknown length is read to its end (at most the limit) before routing.
     let body = if upgrade {
@@ -194,7 +226,10 @@ async fn proxy_inner(
             },
         }
     };
-    let mut exchange = start(&state.router, agent_id, ConnectionId::ANY, metadata, head, None).await?;
+    // kubectl's discovery would wait routing.max_wait per request for an agent that is not
+    // connected: only an agent seen recently (probably reconnecting) is waited for.
+    let target = Target::new(agent_id, ConnectionId::ANY, kas_proto::kubernetes_api::METHOD).waiting_only_if_seen();
+    let mut exchange = start(&state.router, target, metadata, head, None).await?;
     let sender = exchange.take_sender();
     let request_pump = match (body, sender) {
         (Some(RequestBody::Streamed(body)), Some(sender)) => Some(pump_body(sender, body.into_data_stream())),

@@ -123,15 +123,26 @@ impl Modify for BearerScheme {
 )]
 struct ApiDoc;
 
-/// Every feature's routes: those answering within `rest.request_timeout` and those that stream.
-fn feature_routes(modules: &[Box<dyn Module>]) -> (OpenApiRouter<RestState>, OpenApiRouter<RestState>) {
-    modules.iter().fold((OpenApiRouter::new(), OpenApiRouter::new()), |(json, streaming), module| {
-        (json.merge(module.rest_routes()), streaming.merge(module.streaming_rest_routes()))
+/// Every feature's routes: those answering within `rest.request_timeout`, those that stream,
+/// and those that stream and authenticate callers themselves.
+struct FeatureRoutes {
+    json: OpenApiRouter<RestState>,
+    streaming: OpenApiRouter<RestState>,
+    self_authenticated: OpenApiRouter<RestState>,
+}
+
+fn feature_routes(modules: &[Box<dyn Module>]) -> FeatureRoutes {
+    let empty =
+        FeatureRoutes { json: OpenApiRouter::new(), streaming: OpenApiRouter::new(), self_authenticated: OpenApiRouter::new() };
+    modules.iter().fold(empty, |routes, module| FeatureRoutes {
+        json: routes.json.merge(module.rest_routes()),
+        streaming: routes.streaming.merge(module.streaming_rest_routes()),
+        self_authenticated: routes.self_authenticated.merge(module.self_authenticated_rest_routes()),
     })
 }
 
 /// The document: the gateway's own description plus every route's operations.
-fn document(parts: [utoipa::openapi::OpenApi; 2]) -> utoipa::openapi::OpenApi {
+fn document(parts: [utoipa::openapi::OpenApi; 3]) -> utoipa::openapi::OpenApi {
     let mut doc = ApiDoc::openapi();
     for part in parts {
         doc.merge(part);
@@ -142,8 +153,8 @@ fn document(parts: [utoipa::openapi::OpenApi; 2]) -> utoipa::openapi::OpenApi {
 
 /// The OpenAPI document of the rest listener serving `modules`.
 pub fn openapi(modules: &[Box<dyn Module>]) -> utoipa::openapi::OpenApi {
-    let (json, streaming) = feature_routes(modules);
-    document([json.into_openapi(), streaming.into_openapi()])
+    let routes = feature_routes(modules);
+    document([routes.json.into_openapi(), routes.streaming.into_openapi(), routes.self_authenticated.into_openapi()])
 }
 
 /// The OpenAPI document of kas (every feature) as committed in `openapi/openapi.json` (pretty
@@ -158,10 +169,11 @@ pub fn openapi_json() -> String {
 /// problem errors.
 pub fn router(state: RestState, modules: &[Box<dyn Module>]) -> axum::Router {
     let config = state.config.clone();
-    let (json, streaming) = feature_routes(modules);
-    let (json, json_doc) = json.split_for_parts();
-    let (streaming, streaming_doc) = streaming.split_for_parts();
-    let spec = document([json_doc, streaming_doc]);
+    let routes = feature_routes(modules);
+    let (json, json_doc) = routes.json.split_for_parts();
+    let (streaming, streaming_doc) = routes.streaming.split_for_parts();
+    let (self_authenticated, self_authenticated_doc) = routes.self_authenticated.split_for_parts();
+    let spec = document([json_doc, streaming_doc, self_authenticated_doc]);
     let json = json
         .layer(RequestBodyLimitLayer::new(config.max_request_body_bytes))
         .layer(TimeoutLayer::with_status_code(StatusCode::GATEWAY_TIMEOUT, config.request_timeout));
@@ -170,6 +182,7 @@ pub fn router(state: RestState, modules: &[Box<dyn Module>]) -> axum::Router {
     let authenticated = authenticated.route_layer(middleware::from_fn_with_state(state.clone(), authenticate));
     let mut app = axum::Router::new()
         .merge(authenticated)
+        .merge(self_authenticated)
         .merge(SwaggerUi::new(SWAGGER_UI_PATH).url(OPENAPI_PATH, spec))
         .fallback(not_found)
         .with_state(state)
