@@ -30,6 +30,21 @@ impl KubectlTarget {
         }
     }
 
+    /// The same target with another credential (`--token`).
+    #[must_use]
+    pub fn with_token(mut self, token: impl Into<String>) -> Self {
+        self.token = token.into();
+        self
+    }
+
+    /// The same kas with another agent id in the path (not necessarily a valid one).
+    #[must_use]
+    pub fn with_agent(mut self, agent_id: &str) -> Self {
+        let base = self.server.split("/api/v1/agents/").next().unwrap_or_default().to_owned();
+        self.server = format!("{base}/api/v1/agents/{agent_id}/kubernetes");
+        self
+    }
+
     /// `binary args...` against the target, without stdin, killed when dropped.
     pub fn command(&self, binary: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> Command {
         let mut cmd = Command::new(binary);

@@ -69,6 +69,7 @@ pub async fn run_all(b: &impl Backend) {
     events_are_delivered(b).await;
     remove_all_owned_removes_only_own(b).await;
     connection_counts_are_shared_between_instances(b).await;
+    agents_count_as_seen_until_a_ttl_after_they_leave(b).await;
 }
 
 pub async fn register_list_unregister(b: &impl Backend) {
@@ -213,4 +214,24 @@ pub async fn connection_counts_are_shared_between_instances(b: &impl Backend) {
     let tiny = Duration::from_millis(1);
     let counts = k1.count_connection(AgentId(agent.0 ^ 2), tiny).await.unwrap();
     assert!(counts.current >= 1 && (0.0..1.0).contains(&counts.elapsed), "{counts:?}");
+}
+
+/// `seen_recently`: connected (on any kas), or left less than a record TTL ago (one connection
+/// unregistered, or a whole kas shut down); never seen or long gone is not seen.
+pub async fn agents_count_as_seen_until_a_ttl_after_they_leave(b: &impl Backend) {
+    let k1 = b.instance(timing(SHORT, LONG)).await;
+    let k2 = b.instance(timing(SHORT, LONG)).await;
+    assert!(!k2.seen_recently(AgentId(81)).await.unwrap(), "never connected");
+    k1.register(record(81, 80, 1)).await.unwrap();
+    k1.register(record(82, 90, 1)).await.unwrap();
+    assert!(k2.seen_recently(AgentId(81)).await.unwrap(), "connected to another kas");
+    k1.unregister(AgentId(81), ProjectId(80), ConnectionId(1)).await.unwrap();
+    assert!(k2.seen_recently(AgentId(81)).await.unwrap(), "left a moment ago");
+    k1.remove_all_owned().await.unwrap();
+    assert!(k2.seen_recently(AgentId(82)).await.unwrap(), "its kas shut down a moment ago");
+    assert!(!k2.seen_recently(AgentId(83)).await.unwrap(), "another agent");
+    tokio::time::sleep(SHORT * 2).await;
+    assert!(!k2.seen_recently(AgentId(81)).await.unwrap(), "left more than a TTL ago");
+    assert!(!k2.seen_recently(AgentId(82)).await.unwrap(), "its kas left more than a TTL ago");
+    k2.remove_all_owned().await.unwrap();
 }

@@ -158,20 +158,60 @@ async fn kubectl_through_a_second_kas() {
     big_response_arrives_intact(&c, 1).await;
 }
 
+/// kubectl's stderr for `get pods` (discovery first, as a user runs it) and how long it took.
+async fn failed_get_pods(target: &KubectlTarget) -> (String, Duration) {
+    let started = std::time::Instant::now();
+    let out = target.command(kubectl_binary(), &["get", "pods"]).output().await.unwrap();
+    assert!(!out.status.success(), "kubectl succeeded: {}", String::from_utf8_lossy(&out.stdout));
+    (String::from_utf8_lossy(&out.stderr).into_owned(), started.elapsed())
+}
+
+/// kas's own errors reach the person at the terminal word for word, although client-go prints
+/// a fixed text for errors of discovery requests (kas repeats its message in a `Warning`), and
+/// an agent that is not connected (and was not recently) fails at once instead of after
+/// kubectl's five discovery retries of routing.max_wait each.
 #[tokio::test]
-async fn kubectl_gets_a_clear_error_when_the_agent_is_not_connected() {
-    let c = Cluster::builder().rest_tls().max_wait(Duration::from_millis(300)).start().await;
-    let k = Kubectl::new(&c, 0);
-    // kubectl's discovery prints a canned text for any 503; a direct request shows kas's Status.
-    // (--raw takes a path from the host root, not from --server's path.)
-    let out = k
-        .command(&["get", "--raw", "/api/v1/agents/1/kubernetes/api/v1/namespaces/default/pods"])
+async fn kubectl_prints_kas_errors_word_for_word() {
+    let c = Cluster::builder().rest_tls().start().await;
+
+    let (stderr, took) = failed_get_pods(&KubectlTarget::new(&c, 0)).await;
+    assert!(
+        stderr
+            .contains("Warning: agent 1 is not connected to kas, and no kas has seen it connected within registry.ttl"),
+        "{stderr}"
+    );
+    assert!(took < Duration::from_secs(5), "took {took:?} (routing.max_wait is 20 s)");
+
+    let (stderr, _) = failed_get_pods(&KubectlTarget::new(&c, 0).with_token("not-a-jwt")).await;
+    assert!(stderr.contains("error: You must be logged in to the server"), "{stderr}");
+    assert!(stderr.contains("Warning: invalid JWT"), "kas's reason: {stderr}");
+
+    let (stderr, _) = failed_get_pods(&KubectlTarget::new(&c, 0).with_agent("web")).await;
+    assert!(stderr.contains("Warning: agent_id must be a positive integer (decimal digits), got \"web\""), "{stderr}");
+
+    let (stderr, _) = failed_get_pods(&KubectlTarget::new(&c, 0).with_token("ci:2:job-token")).await;
+    assert!(stderr.contains("Warning: the credential is for agent 2, but the request is for agent 1"), "{stderr}");
+
+    // A request that is not discovery shows the Status itself (and no duplicate warning).
+    let out = KubectlTarget::new(&c, 0)
+        .command(kubectl_binary(), &["get", "--raw", "/api/v1/agents/1/kubernetes/api/v1/namespaces/default/pods"])
         .output()
         .await
         .unwrap();
-    assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("agent 1 is not connected"), "{stderr}");
+    assert!(stderr.contains("Error from server (ServiceUnavailable): agent 1 is not connected to kas"), "{stderr}");
+    assert!(!stderr.contains("Warning:"), "{stderr}");
+}
+
+/// An agent that was connected a moment ago is probably reconnecting: kas waits for it
+/// (routing.max_wait) instead of failing at once.
+#[tokio::test]
+async fn kubectl_waits_for_an_agent_seen_recently() {
+    let c = Cluster::builder().rest_tls().max_wait(Duration::from_millis(1500)).start().await;
+    c.start_agentk(1, 0, "agentk-0").await.stop().await;
+    let (stderr, took) = failed_get_pods(&KubectlTarget::new(&c, 0)).await;
+    assert!(stderr.contains("Warning: agent 1 is not connected (waited 1.5s for it to connect)"), "{stderr}");
+    assert!(took >= Duration::from_millis(1500), "did not wait: {took:?}");
 }
 
 /// The agent configuration's `kubernetes_api.read_only` (delivered by kas, applied by agentk):

@@ -31,11 +31,11 @@ use http_body_util::{BodyExt, Empty, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use kas_proto::impersonation::Impersonation;
 use kas_proto::kubernetes_api::{
     HttpFrame, HttpRequestHead, HttpResponseHead, headers_from_proto, headers_to_proto, http_frame,
     is_discovery_request, is_upgrade, strip_hop_by_hop, warning_header,
 };
-use kas_proto::impersonation::Impersonation;
 use kube::client::ConfigExt;
 use prost::Message;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -98,9 +98,9 @@ pub async fn authorize(
         Credential::PersonalAccessToken { .. } => Err(KasError::Unauthenticated(
             "personal access tokens need kas in GitLab mode (gitlab.address): only GitLab can verify them".into(),
         )),
-        Credential::StaticUser(_) => {
-            Err(KasError::Unauthenticated("this kas has no users file (users_file): kas user tokens are not accepted".into()))
-        }
+        Credential::StaticUser(_) => Err(KasError::Unauthenticated(
+            "this kas has no users file (users_file): kas user tokens are not accepted".into(),
+        )),
     }
 }
 

@@ -212,7 +212,9 @@ impl super::Module for KubernetesApi {
         "kubernetes_api"
     }
 
-    fn self_authenticated_rest_routes(&self) -> utoipa_axum::router::OpenApiRouter<crate::server::rest::state::RestState> {
+    fn self_authenticated_rest_routes(
+        &self,
+    ) -> utoipa_axum::router::OpenApiRouter<crate::server::rest::state::RestState> {
         rest::routes()
     }
 

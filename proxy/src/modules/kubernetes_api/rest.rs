@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{OpenApi, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 
-use crate::server::rest::problem::{OwnErrorFormat, PROBLEM_JSON, Problem};
+use crate::server::rest::problem::OwnErrorFormat;
 use crate::server::rest::state::{RestState, forwarded_metadata};
 
 /// The routes (streaming: outside the rest listener's request timeout), with the OpenAPI
@@ -46,13 +46,22 @@ pub fn routes() -> OpenApiRouter<RestState> {
 /// Proxy a request to the agent's Kubernetes API server
 ///
 /// The rest of the path, the query, the method and the body go to the cluster's Kubernetes API
-/// (through agentk, with agentk's service account). The API server's responses (including
-/// errors, as Kubernetes `Status` objects) pass through unchanged; watches and logs stream, and
-/// protocol upgrades (kubectl exec, attach, port-forward) are carried through. Errors of kas itself
-/// on this path are Kubernetes `Status` objects too (so kubectl prints their message), except a
-/// bad JWT (problem+json, from the listener's authentication). kubectl sends its token only over
-/// TLS: give the rest listener `tls` for kubectl. In Swagger UI, the `path` parameter's slashes
-/// are percent-encoded; use curl or kubectl for real calls.
+/// (through agentk). The API server's responses (including errors, as Kubernetes `Status`
+/// objects) pass through unchanged; watches and logs stream, and protocol upgrades (kubectl
+/// exec, attach, port-forward) are carried through.
+///
+/// The bearer token is GitLab's JWT (agentk acts as its service account), a CI job's
+/// `ci:<agent_id>:<job token>` or a person's `pat:<agent_id>:<personal access token>` (GitLab
+/// mode; the agent's `ci_access` / `user_access` decide, and agentk impersonates the job or
+/// person if `access_as` says so), or a kas user token from `kas add-user` (standalone).
+///
+/// Every error of kas or agentk on this path is a Kubernetes `Status` (so kubectl prints its
+/// message); for discovery requests (`/api`, `/apis`, `/version`, ...), whose `Status` kubectl
+/// replaces with a fixed text, the message is also in a `Warning` header. An agent that is not
+/// connected is waited for (`routing.max_wait`) only if some kas saw it within `registry.ttl`;
+/// otherwise the answer is 503 at once. kubectl sends its token only over TLS: give the rest
+/// listener `tls` for kubectl. In Swagger UI, the `path` parameter's slashes are
+/// percent-encoded; use curl or kubectl for real calls.
 #[utoipa::path(
     method(get, post, put, patch, delete),
     path = "/api/v1/agents/{agent_id}/kubernetes/{path}",
@@ -66,11 +75,12 @@ pub fn routes() -> OpenApiRouter<RestState> {
     responses(
         (status = "default", description = "The Kubernetes API server's own response, passed through"),
         (status = 400, description = "Bad agent id or request", body = KubernetesStatus),
-        (status = 401, description = "Missing or invalid JWT", body = Problem, content_type = PROBLEM_JSON),
+        (status = 401, description = "Missing or invalid credentials", body = KubernetesStatus),
+        (status = 403, description = "The credential may not use this agent (another agent's token, not shared with the CI job's project, not in user_access), or agentk refused the request (kubernetes_api settings)", body = KubernetesStatus),
         (status = 413, description = "The request body is larger than rest.max_request_body_bytes", body = KubernetesStatus),
         (status = 429, description = "The agent (or this kas) is at its limit of concurrent requests", body = KubernetesStatus),
         (status = 502, description = "agentk or the Kubernetes API server failed", body = KubernetesStatus),
-        (status = 503, description = "The agent is not connected within routing.max_wait", body = KubernetesStatus),
+        (status = 503, description = "The agent is not connected: at once if no kas saw it within registry.ttl, else after routing.max_wait", body = KubernetesStatus),
         (status = 504, description = "The caller's deadline passed while waiting for the agent", body = KubernetesStatus),
     )
 )]

@@ -132,8 +132,11 @@ struct FeatureRoutes {
 }
 
 fn feature_routes(modules: &[Box<dyn Module>]) -> FeatureRoutes {
-    let empty =
-        FeatureRoutes { json: OpenApiRouter::new(), streaming: OpenApiRouter::new(), self_authenticated: OpenApiRouter::new() };
+    let empty = FeatureRoutes {
+        json: OpenApiRouter::new(),
+        streaming: OpenApiRouter::new(),
+        self_authenticated: OpenApiRouter::new(),
+    };
     modules.iter().fold(empty, |routes, module| FeatureRoutes {
         json: routes.json.merge(module.rest_routes()),
         streaming: routes.streaming.merge(module.streaming_rest_routes()),
