@@ -94,6 +94,9 @@ struct Inner {
     fail_with: Option<StatusCode>,
     /// When set, every API call is answered this much later (a slow API server).
     delay: Option<std::time::Duration>,
+    /// Whether agentk's service account may impersonate (RBAC's `impersonate` verb, which the
+    /// Helm chart grants with rbac.impersonate).
+    impersonation_forbidden: bool,
     bodies: Vec<RecordedBody>,
     /// (namespace, pod) -> log lines so far
     logs: BTreeMap<(String, String), Vec<String>>,
@@ -283,6 +286,11 @@ impl FakeKube {
         self.lock().fail_with = code;
     }
 
+    /// Takes the `impersonate` permission from agentk's service account (or gives it back).
+    pub fn forbid_impersonation(&self, forbidden: bool) {
+        self.lock().impersonation_forbidden = forbidden;
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.shared.lock()
     }
@@ -336,10 +344,10 @@ async fn record_and_authorize(State(fake): St, req: Request, next: Next) -> Resp
         query: req.uri().query().unwrap_or_default().to_owned(),
         headers: req.headers().clone(),
     };
-    let (fail_with, delay) = {
+    let (fail_with, delay, impersonation_forbidden) = {
         let mut inner = fake.lock();
         inner.requests.push(recorded);
-        (inner.fail_with, inner.delay)
+        (inner.fail_with, inner.delay, inner.impersonation_forbidden)
     };
     if let Some(d) = delay {
         tokio::time::sleep(d).await; // simulates a slow API server, not a synchronisation
@@ -348,6 +356,29 @@ async fn record_and_authorize(State(fake): St, req: Request, next: Next) -> Resp
     let authorized = req.headers().get("authorization").and_then(|v| v.to_str().ok()) == Some(expected.as_str());
     if !authorized {
         return status(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized");
+    }
+    // The API server's impersonation filter: after authentication, before everything else.
+    let headers = req.headers();
+    let impersonating = headers.keys().any(|k| k.as_str().starts_with("impersonate-"));
+    if impersonating {
+        let Some(user) = headers.get("impersonate-user").and_then(|v| v.to_str().ok()) else {
+            let requested: Vec<_> = headers.keys().filter(|k| k.as_str().starts_with("impersonate-")).collect();
+            return status(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalError",
+                &format!("Internal error occurred: requested {requested:?} without impersonating a user"),
+            );
+        };
+        if impersonation_forbidden {
+            return status(
+                StatusCode::FORBIDDEN,
+                "Forbidden",
+                &format!(
+                    "users \"{user}\" is forbidden: User \"system:serviceaccount:agentk:agentk\" cannot \
+                     impersonate resource \"users\" in API group \"\" at the cluster scope"
+                ),
+            );
+        }
     }
     if let Some(code) = fail_with {
         return status(
