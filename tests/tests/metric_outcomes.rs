@@ -279,6 +279,9 @@ async fn agentk_counts_its_own_timeout_answers_as_timeout() {
         &["--kube-api-response-header-timeout=1s"],
     );
     let agentk_metrics = agentk_observability(&mut agentk).await;
+    // Connected first: the Kubernetes proxy does not wait for an agent no kas has seen yet.
+    let ready = format!("http://{agentk_metrics}/readyz");
+    eventually!(reqwest::get(&ready).await.is_ok_and(|r| r.status().is_success()), "agentk ready");
     let rest = kas.addresses.rest;
     let before = scrape(agentk_metrics).await;
     let r = reqwest::Client::new()
