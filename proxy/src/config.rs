@@ -427,6 +427,12 @@ impl Config {
                 message: "must be greater than zero".into(),
             });
         }
+        if self.gitlab.caller_cache.max_entries == 0 {
+            return Err(ConfigError::Invalid {
+                key: "gitlab.caller_cache.max_entries",
+                message: "must be greater than zero".into(),
+            });
+        }
         // kas adds durations to the current time and scales them (jitter, `poll_period * 3`);
         // a huge one (`300000000000y` parses) would overflow there and panic.
         for (key, d) in self.durations() {
@@ -442,6 +448,7 @@ impl Config {
             ("gitlab.connect_timeout", self.gitlab.connect_timeout),
             ("gitlab.request_timeout", self.gitlab.request_timeout),
             ("gitlab.agent_info_cache.ttl", self.gitlab.agent_info_cache.ttl),
+            ("gitlab.caller_cache.ttl", self.gitlab.caller_cache.ttl),
             ("agents.configuration_poll_period", self.agents.configuration_poll_period),
             ("agents.git.connect_timeout", self.agents.git.connect_timeout),
             ("agents.git.fetch_timeout", self.agents.git.fetch_timeout),
@@ -531,6 +538,8 @@ impl Config {
             ("gitlab.request_timeout", self.gitlab.request_timeout),
             ("gitlab.agent_info_cache.ttl", self.gitlab.agent_info_cache.ttl),
             ("gitlab.agent_info_cache.error_ttl", self.gitlab.agent_info_cache.error_ttl),
+            ("gitlab.caller_cache.ttl", self.gitlab.caller_cache.ttl),
+            ("gitlab.caller_cache.error_ttl", self.gitlab.caller_cache.error_ttl),
             ("gitlab.rate_limit.max_wait", self.gitlab.rate_limit.max_wait),
             ("agents.configuration_poll_period", self.agents.configuration_poll_period),
             ("agents.git.connect_timeout", self.agents.git.connect_timeout),
