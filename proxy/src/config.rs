@@ -689,6 +689,17 @@ mod tests {
         let mut c = Config::parse(example()).unwrap();
         c.agents.git.fetch_timeout = Duration::ZERO;
         assert!(c.validate().unwrap_err().to_string().contains("agents.git.fetch_timeout"));
+        let mut c = Config::parse(example()).unwrap();
+        c.gitlab.caller_cache.max_entries = 0;
+        assert!(c.validate().unwrap_err().to_string().contains("gitlab.caller_cache.max_entries"));
+        let mut c = Config::parse(example()).unwrap();
+        c.gitlab.caller_cache.ttl = Duration::ZERO;
+        assert!(c.validate().unwrap_err().to_string().contains("gitlab.caller_cache.ttl"));
+        let c = Config::parse("gitlab:\n  caller_cache:\n    ttl: 30s\n").unwrap();
+        assert_eq!(c.gitlab.caller_cache.ttl, Duration::from_secs(30));
+        assert_eq!(c.gitlab.caller_cache.error_ttl, crate::auth::gitlab::config::DEFAULT_CALLER_CACHE_ERROR_TTL);
+        let e = Config::parse("gitlab:\n  caller_cache:\n    tll: 30s\n").unwrap_err();
+        assert!(e.contains("unknown field `tll`"), "{e}");
     }
 
     /// Found by `proptests::arbitrary_durations`: `300000000000y` parses (it fits a u64 of
