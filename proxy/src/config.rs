@@ -427,6 +427,12 @@ impl Config {
                 message: "must be greater than zero".into(),
             });
         }
+        if self.gitlab.caller_cache.max_entries == 0 {
+            return Err(ConfigError::Invalid {
+                key: "gitlab.caller_cache.max_entries",
+                message: "must be greater than zero".into(),
+            });
+        }
         // kas adds durations to the current time and scales them (jitter, `poll_period * 3`);
         // a huge one (`300000000000y` parses) would overflow there and panic.
         for (key, d) in self.durations() {
@@ -442,6 +448,7 @@ impl Config {
             ("gitlab.connect_timeout", self.gitlab.connect_timeout),
             ("gitlab.request_timeout", self.gitlab.request_timeout),
             ("gitlab.agent_info_cache.ttl", self.gitlab.agent_info_cache.ttl),
+            ("gitlab.caller_cache.ttl", self.gitlab.caller_cache.ttl),
             ("agents.configuration_poll_period", self.agents.configuration_poll_period),
             ("agents.git.connect_timeout", self.agents.git.connect_timeout),
             ("agents.git.fetch_timeout", self.agents.git.fetch_timeout),
@@ -531,6 +538,8 @@ impl Config {
             ("gitlab.request_timeout", self.gitlab.request_timeout),
             ("gitlab.agent_info_cache.ttl", self.gitlab.agent_info_cache.ttl),
             ("gitlab.agent_info_cache.error_ttl", self.gitlab.agent_info_cache.error_ttl),
+            ("gitlab.caller_cache.ttl", self.gitlab.caller_cache.ttl),
+            ("gitlab.caller_cache.error_ttl", self.gitlab.caller_cache.error_ttl),
             ("gitlab.rate_limit.max_wait", self.gitlab.rate_limit.max_wait),
             ("agents.configuration_poll_period", self.agents.configuration_poll_period),
             ("agents.git.connect_timeout", self.agents.git.connect_timeout),
@@ -680,6 +689,17 @@ mod tests {
         let mut c = Config::parse(example()).unwrap();
         c.agents.git.fetch_timeout = Duration::ZERO;
         assert!(c.validate().unwrap_err().to_string().contains("agents.git.fetch_timeout"));
+        let mut c = Config::parse(example()).unwrap();
+        c.gitlab.caller_cache.max_entries = 0;
+        assert!(c.validate().unwrap_err().to_string().contains("gitlab.caller_cache.max_entries"));
+        let mut c = Config::parse(example()).unwrap();
+        c.gitlab.caller_cache.ttl = Duration::ZERO;
+        assert!(c.validate().unwrap_err().to_string().contains("gitlab.caller_cache.ttl"));
+        let c = Config::parse("gitlab:\n  caller_cache:\n    ttl: 30s\n").unwrap();
+        assert_eq!(c.gitlab.caller_cache.ttl, Duration::from_secs(30));
+        assert_eq!(c.gitlab.caller_cache.error_ttl, crate::auth::gitlab::config::DEFAULT_CALLER_CACHE_ERROR_TTL);
+        let e = Config::parse("gitlab:\n  caller_cache:\n    tll: 30s\n").unwrap_err();
+        assert!(e.contains("unknown field `tll`"), "{e}");
     }
 
     /// Found by `proptests::arbitrary_durations`: `300000000000y` parses (it fits a u64 of

@@ -1,5 +1,7 @@
-//! A fake GitLab serving the one internal API kas calls in GitLab mode:
-//! `GET /api/v4/internal/kubernetes/agent_info`.
+//! A fake GitLab serving the APIs kas calls in GitLab mode:
+//! `GET /api/v4/internal/kubernetes/agent_info` (agent tokens), `GET /api/v4/job/allowed_agents`
+//! (CI job tokens) and `POST /api/v4/internal/kubernetes/authorize_proxy_user` (users'
+//! personal access tokens).
 //!
 //! It checks the `Gitlab-Kas-Api-Request` JWT the way GitLab does (HS256 only, issuer
 //! `gitlab-kas`, audience `gitlab`, not expired, signed with the shared secret), with
@@ -7,6 +9,14 @@
 //! interoperates with GitLab's rules rather than agreeing with itself. A failed check is a 401.
 //! Then it looks the `Authorization: Bearer <agent token>` up: unknown or revoked → 401,
 //! forbidden → 403, known → the documented agent_info JSON.
+//!
+//! allowed_agents takes the `Job-Token` header (no kas JWT: it is GitLab's public API): a job
+//! token of no running job (unknown, or revoked with [`FakeGitlab::revoke_job`]) → 401, else the
+//! job's agents as GitLab's `API::Ci::Jobs` writes them. authorize_proxy_user checks the JWT as
+//! agent_info does, then answers as GitLab's `API::Internal::Kubernetes` does for a personal
+//! access token: no user has it → 400, revoked → 401, the agent does not exist (no
+//! [`FakeGitlab::add_agent`] named it) → 404, the user may not use it → 403, else 201 with the
+//! user's `access_as`.
 //!
 //! [`FakeGitlab::start_tls`] serves HTTPS with a self-signed certificate (its own CA, see
 //! [`FakeGitlab::ca_file`]); [`FakeGitlab::redirect_to`] makes it answer with a redirect.
@@ -23,7 +33,7 @@ use axum::Router;
 use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use kas::auth::Secret;
 use serde_json::json;
@@ -40,9 +50,57 @@ pub struct GitlabAgent {
     pub name: String,
 }
 
+/// A running CI job as GitLab knows it: what allowed_agents answers for its token.
+#[derive(Debug, Clone, Default)]
+pub struct FakeJob {
+    pub job_id: i64,
+    pub pipeline_id: i64,
+    pub project_id: i64,
+    /// The project's group and its ancestors.
+    pub group_ids: Vec<i64>,
+    pub environment: Option<FakeEnvironment>,
+    /// The user running the job.
+    pub user_id: i64,
+    pub username: String,
+    pub allowed_agents: Vec<FakeAllowedAgent>,
+}
+
+#[derive(Debug, Clone)]
+pub struct FakeEnvironment {
+    pub slug: String,
+    pub tier: String,
+}
+
+/// An agent whose `ci_access` authorizes the job's project (or one of its groups).
+#[derive(Debug, Clone)]
+pub struct FakeAllowedAgent {
+    pub agent_id: i64,
+    pub config_project_id: i64,
+    /// The `ci_access` entry as GitLab stores it, e.g.
+    /// `{"default_namespace": "prod", "access_as": {"ci_job": {}}}` (answered as is).
+    pub configuration: serde_json::Value,
+}
+
+/// A GitLab user holding a personal access token.
+#[derive(Debug, Clone, Default)]
+pub struct FakeUser {
+    pub id: i64,
+    pub username: String,
+    /// Agent id → the `access_as` GitLab answers for this user on that agent, e.g.
+    /// `{"agent": {}}` or `{"user": {"projects": [{"id": 1, "roles": ["developer"]}]}}`.
+    /// Agents not listed: 403.
+    pub agents: HashMap<i64, serde_json::Value>,
+}
+
 #[derive(Default)]
 struct Inner {
     agents: HashMap<String, GitlabAgent>,
+    /// Agents that exist (agent id → configuration project id): every agent ever added, revoked
+    /// tokens or not.
+    known_agents: HashMap<i64, i64>,
+    jobs: HashMap<String, FakeJob>,
+    users: HashMap<String, FakeUser>,
+    revoked_user_tokens: HashSet<String>,
     forbidden: HashSet<String>,
     /// Answer every request with this status (GitLab failing), after the JWT check.
     fail_with: Option<StatusCode>,
@@ -55,6 +113,8 @@ struct Shared {
     key: DecodingKey,
     inner: Mutex<Inner>,
     requests: AtomicUsize,
+    allowed_agents_requests: AtomicUsize,
+    authorize_proxy_user_requests: AtomicUsize,
     jwt_rejections: AtomicUsize,
     query_requests: AtomicUsize,
     tls_handshake_failures: AtomicUsize,
@@ -140,9 +200,33 @@ impl FakeGitlab {
         self.tls.as_ref().map(|t| t.ca_file.as_path())
     }
 
-    /// Registers an agent token.
+    /// Registers an agent token (and the agent: it exists from now on).
     pub fn add_agent(&self, token: &str, agent: GitlabAgent) {
-        self.shared.inner.lock().unwrap().agents.insert(token.to_owned(), agent);
+        let mut inner = self.shared.inner.lock().unwrap();
+        inner.known_agents.insert(agent.agent_id, agent.project_id);
+        inner.agents.insert(token.to_owned(), agent);
+    }
+
+    /// Starts a CI job holding `token`: allowed_agents answers with `job`.
+    pub fn add_job(&self, token: &str, job: FakeJob) {
+        self.shared.inner.lock().unwrap().jobs.insert(token.to_owned(), job);
+    }
+
+    /// Ends the job holding `token`: allowed_agents answers 401 for it from now on.
+    pub fn revoke_job(&self, token: &str) {
+        self.shared.inner.lock().unwrap().jobs.remove(token);
+    }
+
+    /// Gives `user` the personal access token `token`.
+    pub fn add_user_token(&self, token: &str, user: FakeUser) {
+        let mut inner = self.shared.inner.lock().unwrap();
+        inner.revoked_user_tokens.remove(token);
+        inner.users.insert(token.to_owned(), user);
+    }
+
+    /// Revokes a personal access token: authorize_proxy_user answers 401 for it from now on.
+    pub fn revoke_user_token(&self, token: &str) {
+        self.shared.inner.lock().unwrap().revoked_user_tokens.insert(token.to_owned());
     }
 
     /// Revokes a token: GitLab answers 401 for it from now on.
@@ -155,7 +239,7 @@ impl FakeGitlab {
         self.shared.inner.lock().unwrap().forbidden.insert(token.to_owned());
     }
 
-    /// Every request (with a valid JWT) is answered with this status; `None` restores service.
+    /// Every request (with a valid JWT, to any endpoint) is answered with this status; `None` restores service.
     pub fn fail_with(&self, status: Option<StatusCode>) {
         self.shared.inner.lock().unwrap().fail_with = status;
     }
@@ -168,7 +252,7 @@ impl FakeGitlab {
         self.shared.inner.lock().unwrap().redirect = redirect;
     }
 
-    /// Every answer is delayed this long (makes concurrent requests overlap).
+    /// Every answer (of every endpoint) is delayed this long (makes concurrent requests overlap).
     pub fn set_delay(&self, delay: Duration) {
         self.shared.inner.lock().unwrap().delay = delay;
     }
@@ -176,6 +260,16 @@ impl FakeGitlab {
     /// agent_info requests received (whatever the answer).
     pub fn requests(&self) -> usize {
         self.shared.requests.load(Ordering::SeqCst)
+    }
+
+    /// allowed_agents requests received (whatever the answer).
+    pub fn allowed_agents_requests(&self) -> usize {
+        self.shared.allowed_agents_requests.load(Ordering::SeqCst)
+    }
+
+    /// authorize_proxy_user requests received (whatever the answer).
+    pub fn authorize_proxy_user_requests(&self) -> usize {
+        self.shared.authorize_proxy_user_requests.load(Ordering::SeqCst)
     }
 
     /// agent_info requests that carried a query string (a followed redirect, see
@@ -201,6 +295,8 @@ impl Shared {
             key: DecodingKey::from_secret(secret.bytes()),
             inner: Mutex::default(),
             requests: AtomicUsize::new(0),
+            allowed_agents_requests: AtomicUsize::new(0),
+            authorize_proxy_user_requests: AtomicUsize::new(0),
             jwt_rejections: AtomicUsize::new(0),
             query_requests: AtomicUsize::new(0),
             tls_handshake_failures: AtomicUsize::new(0),
@@ -209,12 +305,144 @@ impl Shared {
 }
 
 fn router(shared: &Arc<Shared>) -> Router {
-    Router::new().route("/api/v4/internal/kubernetes/agent_info", get(agent_info)).with_state(shared.clone())
+    Router::new()
+        .route("/api/v4/internal/kubernetes/agent_info", get(agent_info))
+        .route("/api/v4/job/allowed_agents", get(allowed_agents))
+        .route("/api/v4/internal/kubernetes/authorize_proxy_user", post(authorize_proxy_user))
+        .with_state(shared.clone())
 }
 
 fn unauthorized(message: &str) -> Response {
     (StatusCode::UNAUTHORIZED, axum::Json(json!({ "message": format!("401 Unauthorized - {message}") })))
         .into_response()
+}
+
+/// GitLab's Gitlab::Kas.verify_api_request: HS256, iss gitlab-kas, aud gitlab, exp. The 401 to
+/// answer if the `Gitlab-Kas-Api-Request` JWT fails a check.
+fn check_kas_jwt(shared: &Shared, headers: &HeaderMap) -> Option<Response> {
+    let jwt = headers.get("gitlab-kas-api-request").and_then(|v| v.to_str().ok()).unwrap_or_default();
+    let mut validation = Validation::new(Algorithm::HS256);
+    validation.set_issuer(&["gitlab-kas"]);
+    validation.set_audience(&["gitlab"]);
+    validation.set_required_spec_claims(&["exp", "iss", "aud"]);
+    validation.leeway = 0;
+    let e = jsonwebtoken::decode::<serde_json::Value>(jwt, &shared.key, &validation).err()?;
+    shared.jwt_rejections.fetch_add(1, Ordering::SeqCst);
+    Some(unauthorized(&format!("kas JWT rejected: {e}")))
+}
+
+fn error(status: StatusCode, message: &str) -> Response {
+    (status, axum::Json(json!({ "message": message }))).into_response()
+}
+
+/// The configured delay, then the configured failure if any.
+async fn delay_or_fail(shared: &Shared) -> Option<Response> {
+    let (delay, fail_with) = {
+        let inner = shared.inner.lock().unwrap();
+        (inner.delay, inner.fail_with)
+    };
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    fail_with.map(|status| error(status, &status.to_string()))
+}
+
+/// GitLab's `ProjectIdentity` entity (kas reads only the id).
+fn project_identity(id: i64) -> serde_json::Value {
+    let path = crate::cluster::project_path(id);
+    json!({
+        "id": id, "description": "", "name": format!("project-{id}"), "name_with_namespace": path,
+        "path": format!("project-{id}"), "path_with_namespace": path, "created_at": "2024-01-01T00:00:00.000Z",
+    })
+}
+
+/// `GET /api/v4/job/allowed_agents`, as GitLab's `API::Ci::Jobs` answers it.
+async fn allowed_agents(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
+    shared.allowed_agents_requests.fetch_add(1, Ordering::SeqCst);
+    let token = headers.get("job-token").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+    let job = shared.inner.lock().unwrap().jobs.get(&token).cloned();
+    if let Some(failed) = delay_or_fail(&shared).await {
+        return failed;
+    }
+    // No running job holds the token: GitLab's job token authentication fails.
+    let Some(job) = job else { return unauthorized("invalid job token") };
+    let agents: Vec<_> = job
+        .allowed_agents
+        .iter()
+        .map(|a| {
+            json!({
+                "id": a.agent_id,
+                "config_project": project_identity(a.config_project_id),
+                "configuration": a.configuration,
+            })
+        })
+        .collect();
+    let mut answer = json!({
+        "allowed_agents": agents,
+        "job": {"id": job.job_id},
+        "pipeline": {"id": job.pipeline_id},
+        "project": {"id": job.project_id, "groups": job.group_ids.iter().map(|id| json!({"id": id})).collect::<Vec<_>>()},
+        "user": {"id": job.user_id, "username": job.username, "roles_in_project": ["guest", "reporter", "developer"]},
+    });
+    // GitLab `compact`s the answer: no environment key for jobs without one.
+    if let Some(e) = &job.environment {
+        answer["environment"] = json!({"slug": e.slug, "tier": e.tier});
+    }
+    axum::Json(answer).into_response()
+}
+
+/// `POST /api/v4/internal/kubernetes/authorize_proxy_user`, as GitLab's
+/// `API::Internal::Kubernetes` answers it for personal access tokens.
+async fn authorize_proxy_user(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    shared.authorize_proxy_user_requests.fetch_add(1, Ordering::SeqCst);
+    if let Some(rejected) = check_kas_jwt(&shared, &headers) {
+        return rejected;
+    }
+    // Grape reads parameters from a JSON body only when it says it is JSON.
+    let json_body = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    let params: serde_json::Value =
+        if json_body { serde_json::from_slice(&body).unwrap_or_default() } else { serde_json::Value::Null };
+    let Some(agent_id) = params["agent_id"].as_i64() else {
+        return error(StatusCode::BAD_REQUEST, "agent_id is missing");
+    };
+    let access_type = params["access_type"].as_str().unwrap_or_default();
+    if access_type != "personal_access_token" {
+        // The fake has no browser sessions (the other access_type).
+        return error(StatusCode::BAD_REQUEST, "access_type does not have a valid value");
+    }
+    let Some(access_key) = params["access_key"].as_str() else {
+        return error(StatusCode::BAD_REQUEST, "access_key is missing");
+    };
+    let (user, revoked, config_project) = {
+        let inner = shared.inner.lock().unwrap();
+        let revoked = inner.revoked_user_tokens.contains(access_key);
+        (inner.users.get(access_key).cloned(), revoked, inner.known_agents.get(&agent_id).copied())
+    };
+    if let Some(failed) = delay_or_fail(&shared).await {
+        return failed;
+    }
+    let Some(user) = user else {
+        return error(StatusCode::BAD_REQUEST, "400 Bad request - Unable to get user from request data");
+    };
+    if revoked {
+        return unauthorized("Token was revoked. You have to re-authorize from the user profile.");
+    }
+    let Some(config_project) = config_project else { return error(StatusCode::NOT_FOUND, "404 Not found") };
+    let Some(access_as) = user.agents.get(&agent_id) else { return error(StatusCode::FORBIDDEN, "403 Forbidden") };
+    // A POST without an explicit status: Grape answers 201.
+    let answer = json!({
+        "agent": {"id": agent_id, "config_project": {"id": config_project}},
+        "user": {"id": user.id, "username": user.username},
+        "access_as": access_as,
+    });
+    (StatusCode::CREATED, axum::Json(answer)).into_response()
 }
 
 async fn agent_info(State(shared): State<Arc<Shared>>, RawQuery(query): RawQuery, headers: HeaderMap) -> Response {
@@ -224,16 +452,8 @@ async fn agent_info(State(shared): State<Arc<Shared>>, RawQuery(query): RawQuery
     } else if let Some((status, location)) = shared.inner.lock().unwrap().redirect.clone() {
         return (status, [(header::LOCATION, location)]).into_response();
     }
-    // GitLab's Gitlab::Kas.verify_api_request: HS256, iss gitlab-kas, aud gitlab, exp.
-    let jwt = headers.get("gitlab-kas-api-request").and_then(|v| v.to_str().ok()).unwrap_or_default();
-    let mut validation = Validation::new(Algorithm::HS256);
-    validation.set_issuer(&["gitlab-kas"]);
-    validation.set_audience(&["gitlab"]);
-    validation.set_required_spec_claims(&["exp", "iss", "aud"]);
-    validation.leeway = 0;
-    if let Err(e) = jsonwebtoken::decode::<serde_json::Value>(jwt, &shared.key, &validation) {
-        shared.jwt_rejections.fetch_add(1, Ordering::SeqCst);
-        return unauthorized(&format!("kas JWT rejected: {e}"));
+    if let Some(rejected) = check_kas_jwt(&shared, &headers) {
+        return rejected;
     }
     let token = headers
         .get("authorization")
@@ -241,15 +461,12 @@ async fn agent_info(State(shared): State<Arc<Shared>>, RawQuery(query): RawQuery
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or_default()
         .to_owned();
-    let (delay, fail_with, forbidden, agent) = {
+    let (forbidden, agent) = {
         let inner = shared.inner.lock().unwrap();
-        (inner.delay, inner.fail_with, inner.forbidden.contains(&token), inner.agents.get(&token).cloned())
+        (inner.forbidden.contains(&token), inner.agents.get(&token).cloned())
     };
-    if !delay.is_zero() {
-        tokio::time::sleep(delay).await;
-    }
-    if let Some(status) = fail_with {
-        return (status, axum::Json(json!({ "message": status.to_string() }))).into_response();
+    if let Some(failed) = delay_or_fail(&shared).await {
+        return failed;
     }
     if forbidden {
         return (StatusCode::FORBIDDEN, axum::Json(json!({ "message": "403 Forbidden" }))).into_response();

@@ -17,6 +17,13 @@ pub const DEFAULT_AGENT_INFO_TTL: Duration = Duration::from_secs(300);
 /// Failed verifications are remembered briefly, so a broken agent cannot hammer GitLab.
 pub const DEFAULT_AGENT_INFO_ERROR_TTL: Duration = Duration::from_secs(10);
 pub const DEFAULT_AGENT_INFO_MAX_ENTRIES: usize = 10_000;
+/// CI job tokens and personal access tokens are re-checked with GitLab this often: a job that
+/// ended or a revoked token keeps access this long at most.
+pub const DEFAULT_CALLER_CACHE_TTL: Duration = Duration::from_secs(10);
+/// Refusals (and GitLab failures) for callers are remembered briefly, so a script retrying a
+/// bad token cannot hammer GitLab.
+pub const DEFAULT_CALLER_CACHE_ERROR_TTL: Duration = Duration::from_secs(5);
+pub const DEFAULT_CALLER_CACHE_MAX_ENTRIES: usize = 10_000;
 /// kas -> GitLab requests: 10 per second sustained, bursts of 50, callers wait up to 5 s.
 pub const DEFAULT_GITLAB_RATE: u32 = RateLimitConfig::DEFAULT.requests_per_second;
 pub const DEFAULT_GITLAB_BURST: u32 = RateLimitConfig::DEFAULT.burst;
@@ -42,6 +49,9 @@ pub struct GitlabConfig {
     #[serde(with = "humantime_serde")]
     pub request_timeout: Duration,
     pub agent_info_cache: AgentInfoCacheConfig,
+    /// Answers about callers of the Kubernetes API proxy: CI job tokens (allowed_agents) and
+    /// personal access tokens (authorize_proxy_user), cached per token.
+    pub caller_cache: CallerCacheConfig,
     pub rate_limit: RateLimitConfig,
     /// Where kas fetches an agent's configuration project from (GitLab's own kas uses Gitaly;
     /// this kas speaks Git's HTTP protocol, or reads a local path). Placeholders, from GitLab's
@@ -60,6 +70,7 @@ impl Default for GitlabConfig {
             connect_timeout: DEFAULT_GITLAB_CONNECT_TIMEOUT,
             request_timeout: DEFAULT_GITLAB_REQUEST_TIMEOUT,
             agent_info_cache: AgentInfoCacheConfig::default(),
+            caller_cache: CallerCacheConfig::default(),
             rate_limit: RateLimitConfig::default(),
             repository_url: DEFAULT_GITLAB_REPOSITORY_URL.to_owned(),
         }
@@ -86,6 +97,33 @@ impl Default for AgentInfoCacheConfig {
             ttl: DEFAULT_AGENT_INFO_TTL,
             error_ttl: DEFAULT_AGENT_INFO_ERROR_TTL,
             max_entries: DEFAULT_AGENT_INFO_MAX_ENTRIES,
+        }
+    }
+}
+
+/// CI job token -> allowed agents and (personal access token, agent) -> user authorization
+/// answers from GitLab, cached per token (keyed by a SHA-256, the token itself is not kept).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CallerCacheConfig {
+    /// How long a successful answer is reused (a revoked token or a finished job keeps access
+    /// this long).
+    #[serde(with = "humantime_serde")]
+    pub ttl: Duration,
+    /// How long a refusal (401, 403, 404) or a GitLab failure is reused.
+    #[serde(with = "humantime_serde")]
+    pub error_ttl: Duration,
+    /// Most answers kept, per kind of token; expired entries go first, then the ones expiring
+    /// soonest.
+    pub max_entries: usize,
+}
+
+impl Default for CallerCacheConfig {
+    fn default() -> Self {
+        Self {
+            ttl: DEFAULT_CALLER_CACHE_TTL,
+            error_ttl: DEFAULT_CALLER_CACHE_ERROR_TTL,
+            max_entries: DEFAULT_CALLER_CACHE_MAX_ENTRIES,
         }
     }
 }

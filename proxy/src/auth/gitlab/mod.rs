@@ -9,6 +9,9 @@
 //! Answers are cached per token (keyed by the token's SHA-256, see [`TtlCache`]): successes for
 //! `gitlab.agent_info_cache.ttl`, failures for `error_ttl`; concurrent verifications of one token
 //! share one request. Requests to GitLab pass a [`TokenBucket`]. Tokens are never logged.
+//!
+//! [`caller_access`] asks GitLab about callers of the Kubernetes API proxy (CI job tokens,
+//! personal access tokens) through the same client, so the same bucket.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,9 +21,11 @@ use kas_proto::{AgentId, ProjectId};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
+pub mod caller_access;
 pub mod config;
 pub mod repository_url;
 
+pub use caller_access::CallerAccess;
 pub use config::GitlabConfig;
 pub use repository_url::RepositoryUrlTemplate;
 
@@ -111,6 +116,8 @@ pub enum GitlabSetupError {
 pub struct GitlabClient {
     http: reqwest::Client,
     agent_info_url: String,
+    allowed_agents_url: String,
+    authorize_proxy_user_url: String,
     secret: Secret,
     limiter: TokenBucket,
 }
@@ -134,9 +141,12 @@ impl GitlabClient {
         }
         let http = builder.build().map_err(|e| GitlabSetupError::Client(e.to_string()))?;
         let rl = &config.rate_limit;
+        let base = address.trim_end_matches('/');
         Ok(Self {
             http,
-            agent_info_url: format!("{}{AGENT_INFO_PATH}", address.trim_end_matches('/')),
+            agent_info_url: format!("{base}{AGENT_INFO_PATH}"),
+            allowed_agents_url: format!("{base}{}", caller_access::ALLOWED_AGENTS_PATH),
+            authorize_proxy_user_url: format!("{base}{}", caller_access::AUTHORIZE_PROXY_USER_PATH),
             secret,
             limiter: TokenBucket::new(rl.requests_per_second, rl.burst, rl.max_wait),
         })
@@ -144,20 +154,22 @@ impl GitlabClient {
 
     /// Asks GitLab whose token this is (one request, rate limited, not cached).
     pub async fn agent_info(&self, token: &str) -> Result<AgentInfo, KasError> {
-        let result = self.agent_info_uncounted(token).await;
-        crate::metrics::gitlab_request(match &result {
-            Ok(_) => "ok",
-            Err(KasError::Unauthenticated(_)) => "unauthenticated",
-            Err(KasError::PermissionDenied(_)) => "permission_denied",
-            Err(KasError::RateLimited(_)) => "rate_limited",
-            Err(_) => "unavailable",
-        });
-        result
+        counted(self.agent_info_uncounted(token).await)
+    }
+
+    /// Waits for kas's GitLab request bucket (every request to GitLab passes it).
+    async fn acquire(&self) -> Result<(), KasError> {
+        self.limiter.acquire().await.map_err(|e| KasError::RateLimited(format!("GitLab is unavailable: {e}")))
+    }
+
+    /// The `Gitlab-Kas-Api-Request` JWT of one request to GitLab's internal API.
+    fn api_jwt(&self) -> Result<String, KasError> {
+        mint_jwt(&self.secret, KAS_ISSUER, GITLAB_AUDIENCE, API_JWT_TTL)
     }
 
     async fn agent_info_uncounted(&self, token: &str) -> Result<AgentInfo, KasError> {
-        self.limiter.acquire().await.map_err(|e| KasError::RateLimited(format!("GitLab is unavailable: {e}")))?;
-        let jwt = mint_jwt(&self.secret, KAS_ISSUER, GITLAB_AUDIENCE, API_JWT_TTL)?;
+        self.acquire().await?;
+        let jwt = self.api_jwt()?;
         let mut authorization = http::HeaderValue::try_from(format!("Bearer {token}"))
             .map_err(|_| KasError::Unauthenticated("malformed agent token".into()))?;
         authorization.set_sensitive(true);
@@ -168,7 +180,7 @@ impl GitlabClient {
             .header(API_REQUEST_HEADER, jwt)
             .send()
             .await
-            .map_err(|e| unavailable(&e))?;
+            .map_err(|e| unavailable(&e, "agent_info"))?;
         let status = response.status();
         match status {
             http::StatusCode::OK => {}
@@ -185,13 +197,7 @@ impl GitlabClient {
                 return Err(KasError::GitlabUnavailable(format!("agent_info answered HTTP {other}")));
             }
         }
-        if response.content_length().is_some_and(|n| n > MAX_RESPONSE_BYTES as u64) {
-            return Err(KasError::GitlabUnavailable("agent_info response is too large".into()));
-        }
-        let body = response.bytes().await.map_err(|e| unavailable(&e))?;
-        if body.len() > MAX_RESPONSE_BYTES {
-            return Err(KasError::GitlabUnavailable("agent_info response is too large".into()));
-        }
+        let body = read_body(response, MAX_RESPONSE_BYTES, "agent_info").await?;
         let info: AgentInfo = serde_json::from_slice(&body)
             .map_err(|e| KasError::GitlabUnavailable(format!("invalid agent_info response: {e}")))?;
         if info.agent_id <= 0 || info.project_id <= 0 {
@@ -204,8 +210,33 @@ impl GitlabClient {
     }
 }
 
+/// Counts a finished request to GitLab by outcome (`kas_gitlab_requests_total`).
+fn counted<T>(result: Result<T, KasError>) -> Result<T, KasError> {
+    crate::metrics::gitlab_request(match &result {
+        Ok(_) => "ok",
+        Err(KasError::Unauthenticated(_)) => "unauthenticated",
+        Err(KasError::PermissionDenied(_)) => "permission_denied",
+        Err(KasError::RateLimited(_)) => "rate_limited",
+        Err(_) => "unavailable",
+    });
+    result
+}
+
+/// The body of a successful answer of `endpoint`, refused (UNAVAILABLE) beyond `max` bytes.
+async fn read_body(response: reqwest::Response, max: usize, endpoint: &str) -> Result<bytes::Bytes, KasError> {
+    let too_large = || KasError::GitlabUnavailable(format!("{endpoint} response is too large"));
+    if response.content_length().is_some_and(|n| n > max as u64) {
+        return Err(too_large());
+    }
+    let body = response.bytes().await.map_err(|e| unavailable(&e, endpoint))?;
+    if body.len() > max {
+        return Err(too_large());
+    }
+    Ok(body)
+}
+
 /// UNAVAILABLE with the reason of a failed request (no URL, no headers: never the token).
-fn unavailable(e: &reqwest::Error) -> KasError {
+fn unavailable(e: &reqwest::Error, endpoint: &str) -> KasError {
     let reason = if e.is_timeout() {
         "request to GitLab timed out".to_owned()
     } else if e.is_connect() {
@@ -218,7 +249,7 @@ fn unavailable(e: &reqwest::Error) -> KasError {
     while let Some(next) = cause.source() {
         cause = next;
     }
-    tracing::warn!(reason, cause = %cause, "GitLab agent_info failed");
+    tracing::warn!(reason, cause = %cause, endpoint, "GitLab request failed");
     KasError::GitlabUnavailable(format!("{reason}: {cause}"))
 }
 
@@ -244,6 +275,11 @@ impl GitlabVerifier {
                 .map_err(|e| GitlabSetupError::Client(format!("gitlab.repository_url: {e}")))?,
             overrides: None,
         })
+    }
+
+    /// The GitLab client (and its request bucket), shared with [`CallerAccess`].
+    pub fn client(&self) -> Arc<GitlabClient> {
+        self.client.clone()
     }
 
     /// Agents whose configuration the static agents file sets get that one.
