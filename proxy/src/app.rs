@@ -15,9 +15,11 @@ use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptorLayer;
 use tonic::transport::{Identity, Server};
 
+use crate::auth::gitlab::caller_access::CallerAccess;
 use crate::auth::{JwtVerifier, Secret, StaticAgents, TokenVerifier};
 use crate::config::{Config, ConfigError, ListenerConfig};
 use crate::modules::configuration::{AgentConfigurations, ConfigurationSource};
+use crate::modules::kubernetes_api::callers::CallerVerifiers;
 use crate::modules::{GrpcServices, ModuleContext};
 use crate::registry::{AgentRegistry, MemoryRegistry, MemoryStore, RedisRegistry, new_instance_id};
 use crate::router::Router;
@@ -87,6 +89,7 @@ pub struct Bound {
     internal_secret: Secret,
     configurations: Arc<AgentConfigurations>,
     verifier: Arc<dyn TokenVerifier>,
+    callers: CallerVerifiers,
     registry: Arc<dyn AgentRegistry>,
     tunnels_handle: Arc<std::sync::OnceLock<TunnelRegistry>>,
     tls: ListenerTls,
@@ -224,11 +227,15 @@ impl App {
             Some(path) => StaticAgents::from_file(path)?,
             None => StaticAgents::new(Default::default()),
         });
+        let mut callers = CallerVerifiers::default();
         let verifier: Arc<dyn TokenVerifier> = match &config.gitlab.address {
-            Some(address) => Arc::new(
-                crate::auth::GitlabVerifier::new(&config.gitlab, address, gitlab_secret.clone())?
-                    .with_overrides(agents.clone()),
-            ),
+            Some(address) => {
+                let gitlab = crate::auth::GitlabVerifier::new(&config.gitlab, address, gitlab_secret.clone())?
+                    .with_overrides(agents.clone());
+                // CI job and personal access tokens share GitLab's client (and rate limit).
+                callers.gitlab = Some(Arc::new(CallerAccess::new(gitlab.client(), &config.gitlab.caller_cache)));
+                Arc::new(gitlab)
+            }
             None => agents.clone(),
         };
         let configurations =
@@ -315,6 +322,7 @@ impl App {
             internal_secret,
             configurations,
             verifier,
+            callers,
             registry,
             tunnels_handle: Arc::default(),
             tls,
@@ -353,6 +361,7 @@ impl Bound {
             internal_secret,
             configurations,
             verifier,
+            callers,
             registry,
             tunnels_handle,
             tls,
@@ -448,6 +457,7 @@ impl Bound {
                 .with_max_lifetime(config.auth.jwt_max_lifetime)
                 .for_listener("rest"),
             config: config.rest.clone(),
+            callers,
         };
         // HTTP/1.1 and HTTP/2, upgrades, optional TLS; on shutdown it stops accepting and lets
         // in-flight requests finish (bounded by the grace period below).

@@ -10,11 +10,25 @@
 //! The agent id inside a `ci:` or `pat:` credential must be the one in the path: a token meant
 //! for one agent is never used for another.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
 use kas_proto::AgentId;
 use kas_proto::impersonation::Impersonation;
 
+use crate::auth::gitlab::caller_access::{
+    AllowedAgent, AllowedAgentsForJob, AuthorizeProxyUserResponse, CallerAccess, CiAccessAs, ProxyUserAccessType,
+    UserAccessAs,
+};
 use crate::error::KasError;
 use crate::server::rest::state::RestState;
+
+/// What verifies callers other than GitLab's JWT (each `None` when this kas cannot).
+#[derive(Clone, Default)]
+pub struct CallerVerifiers {
+    /// GitLab mode: CI job tokens and personal access tokens, asked of GitLab (cached).
+    pub gitlab: Option<Arc<CallerAccess>>,
+}
 
 /// Static user tokens start with this (they are told apart from JWTs and prefixed tokens).
 pub const STATIC_USER_TOKEN_PREFIX: &str = "kasu_";
@@ -92,15 +106,137 @@ pub async fn authorize(
             state.verifier.verify_authorization(Some(&format!("Bearer {token}")))?;
             Ok(None)
         }
-        Credential::CiJob { .. } => Err(KasError::Unauthenticated(
-            "CI job tokens need kas in GitLab mode (gitlab.address): only GitLab can verify them".into(),
-        )),
-        Credential::PersonalAccessToken { .. } => Err(KasError::Unauthenticated(
-            "personal access tokens need kas in GitLab mode (gitlab.address): only GitLab can verify them".into(),
-        )),
+        Credential::CiJob { token, .. } => {
+            let gitlab = state.callers.gitlab.as_ref().ok_or_else(|| {
+                KasError::Unauthenticated(
+                    "CI job tokens need kas in GitLab mode (gitlab.address): only GitLab can verify them".into(),
+                )
+            })?;
+            let job = gitlab.allowed_agents_for_job(token).await?;
+            ci_job_access(&job, agent_id)
+        }
+        Credential::PersonalAccessToken { token, .. } => {
+            let gitlab = state.callers.gitlab.as_ref().ok_or_else(|| {
+                KasError::Unauthenticated(
+                    "personal access tokens need kas in GitLab mode (gitlab.address): only GitLab can verify them"
+                        .into(),
+                )
+            })?;
+            let user = gitlab.authorize_proxy_user(agent_id, ProxyUserAccessType::PersonalAccessToken, token).await?;
+            user_access(&user, ProxyUserAccessType::PersonalAccessToken)
+        }
         Credential::StaticUser(_) => Err(KasError::Unauthenticated(
             "this kas has no users file (users_file): kas user tokens are not accepted".into(),
         )),
+    }
+}
+
+/// Extra keys kas sets on impersonated requests (the reference's names), so admission webhooks
+/// and audit logs can tell where a request came from.
+const EXTRA_AGENT_ID: &str = "agent.gitlab.com/id";
+const EXTRA_CONFIG_PROJECT_ID: &str = "agent.gitlab.com/config_project_id";
+const EXTRA_PROJECT_ID: &str = "agent.gitlab.com/project_id";
+const EXTRA_PIPELINE_ID: &str = "agent.gitlab.com/ci_pipeline_id";
+const EXTRA_JOB_ID: &str = "agent.gitlab.com/ci_job_id";
+const EXTRA_USERNAME: &str = "agent.gitlab.com/username";
+const EXTRA_ENVIRONMENT_SLUG: &str = "agent.gitlab.com/environment_slug";
+const EXTRA_ENVIRONMENT_TIER: &str = "agent.gitlab.com/environment_tier";
+const EXTRA_ACCESS_TYPE: &str = "agent.gitlab.com/access_type";
+
+/// A CI job may use the agent if GitLab lists it among the job's allowed agents (the agent's
+/// `ci_access` shares it with the job's project or one of its groups); `access_as` decides who
+/// agentk acts as.
+fn ci_job_access(job: &AllowedAgentsForJob, agent_id: AgentId) -> Result<Option<Impersonation>, KasError> {
+    let agent = job.agent(agent_id).ok_or_else(|| {
+        KasError::PermissionDenied(format!(
+            "agent {agent_id} is not shared with project {} of CI job {} (the agent's ci_access names neither \
+             the project nor one of its groups)",
+            job.project.id, job.job.id
+        ))
+    })?;
+    match &agent.configuration.access_as {
+        CiAccessAs::Agent => Ok(None),
+        CiAccessAs::Impersonate(i) => {
+            if i.username.is_empty() {
+                return Err(KasError::PermissionDenied(format!(
+                    "agent {agent_id}'s ci_access impersonates no user (access_as.impersonate.username is empty)"
+                )));
+            }
+            let mut extra = BTreeMap::new();
+            for kv in &i.extra {
+                extra.entry(kv.key.clone()).or_insert_with(Vec::new).extend(kv.val.iter().cloned());
+            }
+            Ok(Some(Impersonation {
+                user: i.username.clone(),
+                uid: (!i.uid.is_empty()).then(|| i.uid.clone()),
+                groups: i.groups.clone(),
+                extra,
+            }))
+        }
+        CiAccessAs::CiJob => Ok(Some(ci_job_identity(job, agent))),
+        CiAccessAs::Unsupported(mode) => Err(KasError::PermissionDenied(format!(
+            "agent {agent_id}'s ci_access uses access_as {mode:?}, which this kas does not support"
+        ))),
+    }
+}
+
+/// `gitlab:ci_job:<job id>`, in groups naming the job, its project, the project's groups and its
+/// environment, so RBAC can bind any of them.
+fn ci_job_identity(job: &AllowedAgentsForJob, agent: &AllowedAgent) -> Impersonation {
+    let project = job.project.id;
+    let mut groups = vec!["gitlab:ci_job".to_owned()];
+    groups.extend(job.project.groups.iter().map(|g| format!("gitlab:group:{}", g.id)));
+    if let Some(env) = &job.environment {
+        groups.extend(job.project.groups.iter().map(|g| format!("gitlab:group_env_tier:{}:{}", g.id, env.tier)));
+    }
+    groups.push(format!("gitlab:project:{project}"));
+    if let Some(env) = &job.environment {
+        groups.push(format!("gitlab:project_env:{project}:{}", env.slug));
+        groups.push(format!("gitlab:project_env_tier:{project}:{}", env.tier));
+    }
+    let mut extra = BTreeMap::from([
+        (EXTRA_AGENT_ID.to_owned(), vec![agent.id.to_string()]),
+        (EXTRA_CONFIG_PROJECT_ID.to_owned(), vec![agent.config_project.id.to_string()]),
+        (EXTRA_PROJECT_ID.to_owned(), vec![project.to_string()]),
+        (EXTRA_PIPELINE_ID.to_owned(), vec![job.pipeline.id.to_string()]),
+        (EXTRA_JOB_ID.to_owned(), vec![job.job.id.to_string()]),
+        (EXTRA_USERNAME.to_owned(), vec![job.user.username.clone()]),
+    ]);
+    if let Some(env) = &job.environment {
+        extra.insert(EXTRA_ENVIRONMENT_SLUG.to_owned(), vec![env.slug.clone()]);
+        extra.insert(EXTRA_ENVIRONMENT_TIER.to_owned(), vec![env.tier.clone()]);
+    }
+    Impersonation { user: format!("gitlab:ci_job:{}", job.job.id), uid: None, groups, extra }
+}
+
+/// A person GitLab authorized for the agent (`user_access`): as the agent, or as
+/// `gitlab:user:<username>` in groups naming their role in each project and group.
+fn user_access(
+    answer: &AuthorizeProxyUserResponse,
+    access_type: ProxyUserAccessType,
+) -> Result<Option<Impersonation>, KasError> {
+    match &answer.access_as {
+        UserAccessAs::Agent => Ok(None),
+        UserAccessAs::User(access) => {
+            let mut groups = vec!["gitlab:user".to_owned()];
+            for p in &access.projects {
+                groups.extend(p.roles.iter().map(|role| format!("gitlab:project_role:{}:{role}", p.id)));
+            }
+            for g in &access.groups {
+                groups.extend(g.roles.iter().map(|role| format!("gitlab:group_role:{}:{role}", g.id)));
+            }
+            let extra = BTreeMap::from([
+                (EXTRA_AGENT_ID.to_owned(), vec![answer.agent.id.to_string()]),
+                (EXTRA_USERNAME.to_owned(), vec![answer.user.username.clone()]),
+                (EXTRA_CONFIG_PROJECT_ID.to_owned(), vec![answer.agent.config_project.id.to_string()]),
+                (EXTRA_ACCESS_TYPE.to_owned(), vec![access_type.as_str().to_owned()]),
+            ]);
+            Ok(Some(Impersonation { user: format!("gitlab:user:{}", answer.user.username), uid: None, groups, extra }))
+        }
+        UserAccessAs::Unsupported(mode) => Err(KasError::PermissionDenied(format!(
+            "agent {}'s user_access uses access_as {mode:?}, which this kas does not support",
+            answer.agent.id
+        ))),
     }
 }
 

@@ -22,6 +22,8 @@ pub struct RestState {
     /// Verifies callers' JWTs (GitLab's: the api listener's rules).
     pub verifier: JwtVerifier,
     pub config: RestConfig,
+    /// Verifies the other callers of the Kubernetes API proxy (CI jobs, people).
+    pub callers: crate::modules::kubernetes_api::callers::CallerVerifiers,
 }
 
 /// The whitelisted caller headers (`FORWARDED_METADATA`) as tunnel metadata for agentk.
