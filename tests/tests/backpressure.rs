@@ -272,15 +272,17 @@ async fn response_credit_follows_what_the_caller_reads() {
 
     // The raw tunnel opens no presence stream, so no kas has seen the agent: the Kubernetes
     // proxy would not wait for it. Each caller comes once its tunnel is idle in kas.
-    let serve = async |seen: Arc<CreditSeen>| {
-        let agent = tokio::spawn(serve_with_credit(c.kas[0].addresses.agent, c.agent(1).token.clone(), BODY, seen));
+    let serve = |seen: Arc<CreditSeen>| {
+        tokio::spawn(serve_with_credit(c.kas[0].addresses.agent, c.agent(1).token.clone(), BODY, seen))
+    };
+    let tunnel_idle = async || {
         eventually!(c.kas[0].handle.tunnel_stats().await.unwrap().idle_tunnels == 1, "the raw tunnel is idle in kas");
-        agent
     };
 
     // A caller that never reads.
     let stalled = Arc::new(CreditSeen::default());
-    let agent = serve(stalled.clone()).await;
+    let agent = serve(stalled.clone());
+    tunnel_idle().await;
     let _slow = SlowClient::open(c.kas[0].addresses.rest, path, &c.gitlab_jwt()).await.unwrap();
     eventually!(stalled.sent.load(Ordering::SeqCst) > 0, "the agent sends the first piece");
     // A measurement window, not a synchronisation: whatever the caller's socket takes is taken by now.
@@ -299,7 +301,8 @@ async fn response_credit_follows_what_the_caller_reads() {
 
     // A caller that reads everything: the window grows to the maximum and the body arrives whole.
     let reading = Arc::new(CreditSeen::default());
-    let agent = serve(reading.clone()).await;
+    let agent = serve(reading.clone());
+    tunnel_idle().await;
     let response = reqwest::Client::new()
         .get(format!("{}{path}", c.rest_url(0)))
         .bearer_auth(c.gitlab_jwt())

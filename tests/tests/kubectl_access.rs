@@ -2,6 +2,8 @@
 //! with GitLab, and the identity agentk then impersonates at the API server. The real kubectl,
 //! through a kas that does not hold the agent (so the identity crosses the kas -> kas hop too).
 
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
 use std::collections::HashMap;
 use std::time::Duration;
 
