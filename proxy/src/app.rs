@@ -16,10 +16,11 @@ use tonic::service::interceptor::InterceptorLayer;
 use tonic::transport::{Identity, Server};
 
 use crate::auth::gitlab::caller_access::CallerAccess;
+use crate::auth::static_users::StaticUsers;
 use crate::auth::{JwtVerifier, Secret, StaticAgents, TokenVerifier};
 use crate::config::{Config, ConfigError, ListenerConfig};
 use crate::modules::configuration::{AgentConfigurations, ConfigurationSource};
-use crate::modules::kubernetes_api::callers::CallerVerifiers;
+use crate::modules::kubernetes_api::callers::{CallerVerifiers, StaticCallers};
 use crate::modules::{GrpcServices, ModuleContext};
 use crate::registry::{AgentRegistry, MemoryRegistry, MemoryStore, RedisRegistry, new_instance_id};
 use crate::router::Router;
@@ -52,6 +53,8 @@ pub enum AppError {
     Secret(#[from] crate::auth::secret::SecretError),
     #[error(transparent)]
     Agents(#[from] crate::auth::agent_token::StaticAgentsError),
+    #[error(transparent)]
+    Users(#[from] crate::auth::static_users::StaticUsersError),
     #[error(transparent)]
     Gitlab(#[from] crate::auth::gitlab::GitlabSetupError),
     #[error(transparent)]
@@ -240,6 +243,13 @@ impl App {
         };
         let configurations =
             Arc::new(AgentConfigurations::new(&config.agents.git, config.agents.configuration_poll_period)?);
+        if let Some(path) = &config.auth.users_file {
+            callers.users = Some(Arc::new(StaticCallers {
+                users: StaticUsers::from_file(path)?,
+                agents: agents.clone(),
+                configurations: configurations.clone(),
+            }));
+        }
         let tls = ListenerTls {
             agent: load_tls("agent", &config.listeners.agent)?,
             api: load_tls("api", &config.listeners.api)?,

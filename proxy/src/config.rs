@@ -368,6 +368,14 @@ impl Config {
                 message: "is required (unless gitlab.address is set)".into(),
             });
         }
+        if self.gitlab.address.is_some() && self.auth.users_file.is_some() {
+            return Err(ConfigError::Invalid {
+                key: "auth.users_file",
+                message: "static users need static agents (no gitlab.address): in GitLab mode people use personal \
+                          access tokens (pat:<agent_id>:<token>) and CI jobs their job token"
+                    .into(),
+            });
+        }
         for (key, d) in [
             ("kas_internal.peer_ping_interval", self.kas_internal.peer_ping_interval),
             ("kas_internal.peer_ping_timeout", self.kas_internal.peer_ping_timeout),

@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use kas::auth::agent_token::{StaticAgent, StaticAgentsFile, generate_agent_token, token_sha256_hex};
+use kas::auth::static_users::{StaticUser, StaticUsersFile, generate_user_token};
 use kas::auth::{Secret, mint_jwt};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio_util::sync::CancellationToken;
@@ -82,6 +83,23 @@ enum Command {
         #[arg(long)]
         token_file: Option<PathBuf>,
     },
+    /// Add a user to a users file (auth.users_file) and print (or write) their new token, for
+    /// kubectl through the Kubernetes API proxy without GitLab.
+    AddUser {
+        #[arg(long)]
+        users_file: PathBuf,
+        #[arg(long)]
+        name: String,
+        /// A group the user is a member of (full path; repeat for more).
+        #[arg(long = "group")]
+        groups: Vec<String>,
+        /// A project the user is a member of (full path; repeat for more).
+        #[arg(long = "project")]
+        projects: Vec<String>,
+        /// Write the token to this file (0600) instead of printing it.
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+    },
     /// Print the REST gateway's OpenAPI document (what `openapi/openapi.json` must contain).
     Openapi,
 }
@@ -113,6 +131,9 @@ async fn main() -> anyhow::Result<()> {
         }
         Some(Command::AddAgent { agents_file, id, name, project_id, token_file }) => {
             add_agent(agents_file, id, name, project_id, token_file)
+        }
+        Some(Command::AddUser { users_file, name, groups, projects, token_file }) => {
+            add_user(users_file, StaticUser { name, token_sha256: String::new(), groups, projects }, token_file)
         }
         Some(Command::Openapi) => {
             print!("{}", kas::server::rest::openapi_json());
@@ -199,14 +220,39 @@ fn add_agent(
     // Validate first (nothing written on a bad request), then store the token, then register the
     // agent: an agent registered without a saved token would be unusable.
     let updated = StaticAgentsFile::with_added(&agents_file, agent)?;
-    if let Some(path) = &token_file {
+    store_token(&token, token_file.as_deref())?;
+    updated.save(&agents_file)?;
+    announce(&format!("agent {id} added"), &token, token_file.as_deref());
+    Ok(())
+}
+
+fn add_user(users_file: PathBuf, mut user: StaticUser, token_file: Option<PathBuf>) -> anyhow::Result<()> {
+    let token = generate_user_token();
+    user.token_sha256 = token_sha256_hex(&token);
+    let name = user.name.clone();
+    // The same order as add-agent: a user registered without a saved token would be unusable.
+    let updated = StaticUsersFile::with_added(&users_file, user)?;
+    store_token(&token, token_file.as_deref())?;
+    updated.save(&users_file)?;
+    announce(&format!("user {name} added"), &token, token_file.as_deref());
+    Ok(())
+}
+
+fn store_token(token: &str, token_file: Option<&std::path::Path>) -> anyhow::Result<()> {
+    if let Some(path) = token_file {
         kas::tools::private_file::write(path, format!("{token}\n").as_bytes())
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    updated.save(&agents_file)?;
-    match token_file {
-        Some(path) => eprintln!("agent {id} added; token written to {}", path.display()),
-        None => println!("{token}"),
-    }
     Ok(())
+}
+
+/// The token on stdout (for `$(...)`), or where it was written on stderr.
+fn announce(what: &str, token: &str, token_file: Option<&std::path::Path>) {
+    match token_file {
+        Some(path) => eprintln!("{what}; token written to {}; restart kas to load it", path.display()),
+        None => {
+            eprintln!("{what}; restart kas to load it");
+            println!("{token}")
+        }
+    }
 }

@@ -5,6 +5,8 @@
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use crate::agent::AgentConfigDocument;
+use crate::agent::access::{UserAccessAsDocument, UserAccessDocument, UserAccessEntry};
 use crate::auth::Secret;
 use crate::auth::agent_token::{StaticAgent, StaticAgentsFile, generate_agent_token, token_sha256_hex};
 use crate::config::Config;
@@ -41,6 +43,21 @@ fn write_new_private(path: &Path, contents: &str) -> Result<bool, DevSetupError>
     crate::tools::private_file::create_new(path, contents.as_bytes()).map_err(io_err(path))
 }
 
+/// The group whose members (`kas add-user --group dev`) may use the dev agent with kubectl.
+pub const DEV_USER_GROUP: &str = "dev";
+
+/// The dev agent's configuration: members of group `dev` may use it, as themselves.
+fn dev_agent_configuration() -> AgentConfigDocument {
+    AgentConfigDocument {
+        user_access: Some(UserAccessDocument {
+            access_as: UserAccessAsDocument::USER,
+            projects: Vec::new(),
+            groups: vec![UserAccessEntry { id: DEV_USER_GROUP.into() }],
+        }),
+        ..AgentConfigDocument::default()
+    }
+}
+
 pub fn ensure_dev_setup(dir: &Path) -> Result<DevSetup, DevSetupError> {
     std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(io_err(dir))?;
     // An existing directory may have looser permissions; secrets live here.
@@ -49,6 +66,7 @@ pub fn ensure_dev_setup(dir: &Path) -> Result<DevSetup, DevSetupError> {
     let internal_secret_file = dir.join("internal-secret");
     let agents_file = dir.join("agents.yaml");
     let agent_token_file = dir.join("agent-token");
+    let users_file = dir.join("users.yaml");
 
     let mut created = write_new_private(&gitlab_secret_file, &Secret::generate().to_file_text())?;
     created |= write_new_private(&internal_secret_file, &Secret::generate().to_file_text())?;
@@ -60,7 +78,7 @@ pub fn ensure_dev_setup(dir: &Path) -> Result<DevSetup, DevSetupError> {
                 name: DEV_AGENT_NAME.into(),
                 project_id: DEV_PROJECT_ID,
                 token_sha256: token_sha256_hex(&token),
-                configuration: None,
+                configuration: Some(dev_agent_configuration()),
                 configuration_repository: None,
                 configuration_branch: None,
             }],
@@ -71,7 +89,10 @@ pub fn ensure_dev_setup(dir: &Path) -> Result<DevSetup, DevSetupError> {
         file.save(&agents_file)?;
         created = true;
     }
+    // Empty until `kas add-user` adds someone.
+    created |= write_new_private(&users_file, "users: []\n")?;
     let mut config = Config::default();
+    config.auth.users_file = Some(users_file);
     config.gitlab.authentication_secret_file = Some(gitlab_secret_file.clone());
     config.kas_internal.authentication_secret_file = Some(internal_secret_file);
     config.agents.static_file = Some(agents_file);
@@ -99,7 +120,8 @@ impl DevSetup {
              Or the REST gateway (Swagger UI: http://{rest_address}/swagger-ui):\n\
              \x20 curl -H \"Authorization: Bearer $TOKEN\" http://{rest_address}/api/v1/agents/{DEV_AGENT_ID}/pods\n\
              \n\
-             Add another agent:  kas add-agent --agents-file {d}/agents.yaml --id 2 --name other --project-id 1\n",
+             Add another agent:  kas add-agent --agents-file {d}/agents.yaml --id 2 --name other --project-id 1\n\
+             Add a kubectl user (group {DEV_USER_GROUP} may use agent {DEV_AGENT_ID}):  kas add-user --users-file {d}/users.yaml --name alice --group {DEV_USER_GROUP}\n",
             if self.created { "created now" } else { "reused" },
             self.agent_token_file.display(),
             self.gitlab_secret_file.display(),
@@ -120,7 +142,7 @@ mod tests {
         first.config.validate().unwrap();
         let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode(&dir), 0o700);
-        for f in ["gitlab-secret", "internal-secret", "agents.yaml", "agent-token"] {
+        for f in ["gitlab-secret", "internal-secret", "agents.yaml", "agent-token", "users.yaml"] {
             assert_eq!(mode(&dir.join(f)), 0o600, "{f}");
         }
         let token = std::fs::read_to_string(&first.agent_token_file).unwrap();

@@ -216,3 +216,71 @@ async fn a_person_is_impersonated_with_their_roles_or_refused() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("cannot impersonate resource \"users\""), "{stderr}");
 }
+
+/// Standalone mode (no GitLab): kas's own users (`auth.users_file`, as `kas add-user` writes
+/// it), admitted by the agent's `user_access` through their groups (inherited by subgroups) and
+/// projects, and impersonated with them.
+#[tokio::test]
+async fn a_static_user_is_admitted_by_user_access_and_impersonated() {
+    use kas::agent::AgentConfigDocument;
+    use kas::auth::agent_token::token_sha256_hex;
+    use kas::auth::static_users::{StaticUser, StaticUsersFile, generate_user_token};
+
+    let (alice, bob) = (generate_user_token(), generate_user_token());
+    let users = StaticUsersFile {
+        users: vec![
+            StaticUser {
+                name: "alice".into(),
+                token_sha256: token_sha256_hex(&alice),
+                groups: vec!["platform".into()],
+                projects: vec!["web/shop".into()],
+            },
+            StaticUser {
+                name: "bob".into(),
+                token_sha256: token_sha256_hex(&bob),
+                groups: vec![],
+                projects: vec!["web/blog".into()],
+            },
+        ],
+    };
+    let as_user =
+        AgentConfigDocument::parse("user_access: {access_as: {user: {}}, groups: [{id: platform/infra}]}").unwrap();
+    let c = Cluster::builder()
+        .redis()
+        .kas(2)
+        .rest_tls()
+        .agents(&[(1, 10), (2, 10)])
+        .agent_configuration(1, as_user)
+        .configure(move |config, dir| {
+            let path = dir.join("users.yaml");
+            users.save(&path).unwrap();
+            config.auth.users_file = Some(path);
+        })
+        .start()
+        .await;
+    c.kube.add_pod("default", "web-1");
+    let _a = c.start_agentk(1, 0, "agentk-0").await;
+
+    // alice is a member of group platform, so of platform/infra, which agent 1's user_access lists.
+    assert!(get_pods(&KubectlTarget::new(&c, 1).with_token(alice.as_str())).await.contains("web-1"));
+    let r = last_pods_request(&c);
+    assert_eq!(values(&r, "impersonate-user"), ["gitlab:user:alice"]);
+    assert_eq!(values(&r, "impersonate-group"), ["gitlab:user", "gitlab:group:platform", "gitlab:project:web/shop"]);
+    assert_eq!(values(&r, "impersonate-extra-agent.gitlab.com%2faccess_type"), ["static_user"]);
+    assert_eq!(values(&r, "impersonate-extra-agent.gitlab.com%2fid"), ["1"]);
+    assert_only_agentk_credentials(&c, &r, &alice);
+
+    // bob's only project is not in user_access.
+    let stderr = failed_get_pods(&KubectlTarget::new(&c, 1).with_token(bob.as_str())).await;
+    assert!(
+        stderr.contains("Warning: user bob is not a member of any project or group in agent 1's user_access"),
+        "{stderr}"
+    );
+    // Agent 2's configuration has no user_access: nobody may use it.
+    let stderr = failed_get_pods(&KubectlTarget::new(&c, 1).with_agent("2").with_token(alice.as_str())).await;
+    assert!(stderr.contains("Warning: agent 2 has no user_access in its configuration"), "{stderr}");
+    // A token that is in no users file.
+    let stderr = failed_get_pods(&KubectlTarget::new(&c, 1).with_token("kasu_not-a-user")).await;
+    assert!(stderr.contains("Warning: invalid kas user token"), "{stderr}");
+    assert!(stderr.contains("error: You must be logged in to the server"), "{stderr}");
+}

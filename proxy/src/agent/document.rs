@@ -8,6 +8,8 @@ use prost::Message;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::access::{CiAccessDocument, UserAccessDocument};
+
 /// The agent configuration document (`config.yaml`; every section optional).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -17,6 +19,12 @@ pub struct AgentConfigDocument {
     /// The Kubernetes API proxy feature.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubernetes_api: Option<KubernetesApiDocument>,
+    /// CI jobs that may use the agent through the Kubernetes API proxy (kas and GitLab read it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ci_access: Option<CiAccessDocument>,
+    /// People who may use the agent through the Kubernetes API proxy (kas and GitLab read it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_access: Option<UserAccessDocument>,
 }
 
 /// How agentk serves the Kubernetes API proxy; refusals are HTTP 403 Kubernetes `Status`es.
@@ -50,6 +58,28 @@ pub struct LoggingDocument {
 }
 
 impl AgentConfigDocument {
+    /// Parses `config.yaml` text strictly (unknown keys refused) and checks what YAML cannot
+    /// (paths, names, duplicates); every error names the key.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        if text.trim().is_empty() {
+            return Ok(Self::default());
+        }
+        let document: Self = serde_norway::from_str(text).map_err(|e| e.to_string())?;
+        document.validate()?;
+        Ok(document)
+    }
+
+    /// What YAML's shape cannot say: each section's own checks.
+    pub fn validate(&self) -> Result<(), String> {
+        if let Some(ci) = &self.ci_access {
+            ci.validate()?;
+        }
+        if let Some(users) = &self.user_access {
+            users.validate()?;
+        }
+        Ok(())
+    }
+
     pub fn to_proto(&self) -> pb::AgentConfiguration {
         pb::AgentConfiguration {
             observability: self.observability.as_ref().map(|o| pb::ObservabilityConfiguration {

@@ -2,6 +2,7 @@
 //! authentication (which resolves tokens to identities) and the features that serve agents, so
 //! it depends on neither.
 
+pub mod access;
 pub mod document;
 
 use std::path::PathBuf;

@@ -62,6 +62,7 @@ pub enum StaticAgentsError {
 #[derive(Debug, Clone)]
 pub struct StaticAgents {
     by_hash: HashMap<[u8; 32], AgentIdentity>,
+    by_id: HashMap<AgentId, AgentIdentity>,
     /// Configurations the file sets explicitly (GitLab mode uses them instead of GitLab's).
     explicit: HashMap<AgentId, ConfigurationOrigin>,
 }
@@ -132,6 +133,9 @@ impl StaticAgentsFile {
             if !hashes.insert(hash) {
                 return Err(format!("{at}.token_sha256 is used by another agent"));
             }
+            if let Some(document) = &a.configuration {
+                document.validate().map_err(|e| format!("{at}.configuration.{e}"))?;
+            }
             if a.configuration.is_some() && a.configuration_repository.is_some() {
                 return Err(format!("{at}: set configuration or configuration_repository, not both"));
             }
@@ -158,6 +162,7 @@ impl StaticAgents {
 
     pub fn new(file: StaticAgentsFile) -> Self {
         let mut by_hash = HashMap::new();
+        let mut by_id = HashMap::new();
         let mut explicit = HashMap::new();
         for a in file.agents {
             let mut hash = [0u8; 32];
@@ -181,9 +186,15 @@ impl StaticAgents {
                 project_id: ProjectId(a.project_id),
                 configuration: origin.unwrap_or_default(),
             };
+            by_id.insert(identity.agent_id, identity.clone());
             by_hash.insert(hash, identity);
         }
-        Self { by_hash, explicit }
+        Self { by_hash, by_id, explicit }
+    }
+
+    /// The agent with this id (static mode: callers other than agentk name agents by id).
+    pub fn identity(&self, agent_id: AgentId) -> Option<&AgentIdentity> {
+        self.by_id.get(&agent_id)
     }
 
     /// The configuration the file sets for an agent, if it sets one.

@@ -6,6 +6,7 @@ pub mod failures;
 pub mod gitlab;
 pub mod jwt;
 pub mod secret;
+pub mod static_users;
 
 pub use crate::agent::AgentIdentity;
 pub use agent_token::{StaticAgents, TokenVerifier};
@@ -27,6 +28,9 @@ pub struct AuthConfig {
     pub jwt_max_lifetime: Duration,
     /// Failed agent-token authentications per peer address (agent listener).
     pub failed_agent_authentications: failures::FailureLimitConfig,
+    /// Static users of the Kubernetes API proxy (`kas add-user`): standalone mode only; in
+    /// GitLab mode people use personal access tokens.
+    pub users_file: Option<std::path::PathBuf>,
 }
 
 impl Default for AuthConfig {
@@ -34,6 +38,7 @@ impl Default for AuthConfig {
         Self {
             jwt_max_lifetime: jwt::DEFAULT_JWT_MAX_LIFETIME,
             failed_agent_authentications: failures::FailureLimitConfig::default(),
+            users_file: None,
         }
     }
 }

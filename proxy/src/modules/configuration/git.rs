@@ -60,6 +60,17 @@ pub fn read_configuration_at(
     agent_name: &str,
     max_bytes: u64,
 ) -> Result<pb::ConfigurationResponse, KasError> {
+    let document = read_document_at(repository, commit_id, agent_name, max_bytes)?;
+    Ok(pb::ConfigurationResponse { configuration: Some(document.to_proto()), commit_id: commit_id.to_owned() })
+}
+
+/// The agent's configuration document at `commit` (empty when the file is absent). Blocking.
+pub fn read_document_at(
+    repository: &Path,
+    commit_id: &str,
+    agent_name: &str,
+    max_bytes: u64,
+) -> Result<AgentConfigDocument, KasError> {
     let repo = open(repository)?;
     let id = gix::ObjectId::from_hex(commit_id.as_bytes()).map_err(|e| unavailable(repository, "bad commit id", &e))?;
     let commit = repo.find_commit(id).map_err(|e| unavailable(repository, "cannot read the commit", &e))?;
@@ -85,14 +96,10 @@ pub fn read_configuration_at(
             }
             let object = entry.object().map_err(|e| unavailable(repository, "cannot read the file", &e))?;
             let text = std::str::from_utf8(&object.data).map_err(|_| invalid("is not UTF-8 text".into()))?;
-            if text.trim().is_empty() {
-                AgentConfigDocument::default()
-            } else {
-                serde_norway::from_str(text).map_err(|e| invalid(e.to_string()))?
-            }
+            AgentConfigDocument::parse(text).map_err(invalid)?
         }
     };
-    Ok(pb::ConfigurationResponse { configuration: Some(document.to_proto()), commit_id: commit_id.to_owned() })
+    Ok(document)
 }
 
 /// The configuration at the default branch of a local repository. Blocking.

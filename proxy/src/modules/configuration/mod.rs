@@ -18,7 +18,7 @@ use sha2::{Digest, Sha256};
 
 pub use config::AgentGitConfig;
 
-use crate::agent::{AgentIdentity, ConfigurationOrigin, GitRepository, RepositoryLocation};
+use crate::agent::{AgentConfigDocument, AgentIdentity, ConfigurationOrigin, GitRepository, RepositoryLocation};
 use crate::error::KasError;
 use crate::tools::token_bucket::TokenBucket;
 use crate::tools::ttl_cache::TtlCache;
@@ -28,6 +28,10 @@ use crate::tools::ttl_cache::TtlCache;
 pub trait ConfigurationSource: Send + Sync + 'static {
     /// The agent's current configuration.
     async fn configuration(&self, agent: &AgentIdentity) -> Result<pb::ConfigurationResponse, KasError>;
+
+    /// The agent's current configuration document, with what only kas reads (`ci_access`,
+    /// `user_access`).
+    async fn document(&self, agent: &AgentIdentity) -> Result<AgentConfigDocument, KasError>;
 }
 
 /// The configuration source of kas: static documents as they are, Git repositories read at
@@ -102,19 +106,40 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, KasError> + S
 #[async_trait::async_trait]
 impl ConfigurationSource for AgentConfigurations {
     async fn configuration(&self, agent: &AgentIdentity) -> Result<pb::ConfigurationResponse, KasError> {
-        let repository = match &agent.configuration {
-            ConfigurationOrigin::Static(document) => return Ok(document.to_response()),
-            ConfigurationOrigin::Git(repository) => repository,
-            ConfigurationOrigin::Unusable(problem) => {
-                return Err(KasError::InvalidAgentConfiguration(format!(
-                    "the configuration of agent {} cannot be read: {problem}",
-                    agent.agent_id
-                )));
-            }
+        let repository = match source_of(agent)? {
+            Source::Git(repository) => repository,
+            Source::Fixed(document) => return Ok(document.to_response()),
         };
         let (dir, commit) = self.resolve(repository).await?;
         let (name, max) = (agent.name.clone(), self.max_config_bytes);
         blocking(move || git::read_configuration_at(&dir, &commit, &name, max)).await
+    }
+
+    async fn document(&self, agent: &AgentIdentity) -> Result<AgentConfigDocument, KasError> {
+        let repository = match source_of(agent)? {
+            Source::Git(repository) => repository,
+            Source::Fixed(document) => return Ok(document.clone()),
+        };
+        let (dir, commit) = self.resolve(repository).await?;
+        let (name, max) = (agent.name.clone(), self.max_config_bytes);
+        blocking(move || git::read_document_at(&dir, &commit, &name, max)).await
+    }
+}
+
+/// Where an agent's configuration is read from.
+enum Source<'a> {
+    Fixed(&'a AgentConfigDocument),
+    Git(&'a GitRepository),
+}
+
+fn source_of(agent: &AgentIdentity) -> Result<Source<'_>, KasError> {
+    match &agent.configuration {
+        ConfigurationOrigin::Static(document) => Ok(Source::Fixed(document)),
+        ConfigurationOrigin::Git(repository) => Ok(Source::Git(repository)),
+        ConfigurationOrigin::Unusable(problem) => Err(KasError::InvalidAgentConfiguration(format!(
+            "the configuration of agent {} cannot be read: {problem}",
+            agent.agent_id
+        ))),
     }
 }
 

@@ -16,11 +16,16 @@ use std::sync::Arc;
 use kas_proto::AgentId;
 use kas_proto::impersonation::Impersonation;
 
+use crate::agent::AgentIdentity;
+use crate::agent::access::UserAccessAs as StaticUserAccessAs;
+use crate::auth::StaticAgents;
 use crate::auth::gitlab::caller_access::{
     AllowedAgent, AllowedAgentsForJob, AuthorizeProxyUserResponse, CallerAccess, CiAccessAs, ProxyUserAccessType,
     UserAccessAs,
 };
+use crate::auth::static_users::{STATIC_USER_TOKEN_PREFIX, StaticUser, StaticUsers};
 use crate::error::KasError;
+use crate::modules::configuration::ConfigurationSource;
 use crate::server::rest::state::RestState;
 
 /// What verifies callers other than GitLab's JWT (each `None` when this kas cannot).
@@ -28,10 +33,17 @@ use crate::server::rest::state::RestState;
 pub struct CallerVerifiers {
     /// GitLab mode: CI job tokens and personal access tokens, asked of GitLab (cached).
     pub gitlab: Option<Arc<CallerAccess>>,
+    /// Static mode with `auth.users_file`: kas's own user tokens.
+    pub users: Option<Arc<StaticCallers>>,
 }
 
-/// Static user tokens start with this (they are told apart from JWTs and prefixed tokens).
-pub const STATIC_USER_TOKEN_PREFIX: &str = "kasu_";
+/// Static users, and what decides which agents they may use: the static agents and their
+/// configurations (`user_access`).
+pub struct StaticCallers {
+    pub users: StaticUsers,
+    pub agents: Arc<StaticAgents>,
+    pub configurations: Arc<dyn ConfigurationSource>,
+}
 
 /// A caller's credential, parsed but not verified.
 #[derive(Debug, PartialEq, Eq)]
@@ -125,10 +137,64 @@ pub async fn authorize(
             let user = gitlab.authorize_proxy_user(agent_id, ProxyUserAccessType::PersonalAccessToken, token).await?;
             user_access(&user, ProxyUserAccessType::PersonalAccessToken)
         }
-        Credential::StaticUser(_) => Err(KasError::Unauthenticated(
-            "this kas has no users file (users_file): kas user tokens are not accepted".into(),
-        )),
+        Credential::StaticUser(token) => {
+            let callers = state.callers.users.as_ref().ok_or_else(|| {
+                KasError::Unauthenticated(
+                    "this kas has no users file (auth.users_file): kas user tokens are not accepted".into(),
+                )
+            })?;
+            static_user_access(callers, token, agent_id).await
+        }
     }
+}
+
+/// A static user may use the agent if they are a member of a project or group its
+/// `user_access` lists (read from the agent's current configuration, as GitLab would).
+async fn static_user_access(
+    callers: &StaticCallers,
+    token: &str,
+    agent_id: AgentId,
+) -> Result<Option<Impersonation>, KasError> {
+    let user = callers.users.verify(token)?;
+    let agent = callers
+        .agents
+        .identity(agent_id)
+        .ok_or_else(|| KasError::PermissionDenied(format!("agent {agent_id} is not in this kas's agents file")))?;
+    let document = callers.configurations.document(agent).await?;
+    let access = document.user_access.as_ref().ok_or_else(|| {
+        KasError::PermissionDenied(format!(
+            "agent {agent_id} has no user_access in its configuration: no user may use it"
+        ))
+    })?;
+    let member = access.projects.iter().chain(&access.groups).any(|entry| user.is_member_of(&entry.id));
+    if !member {
+        return Err(KasError::PermissionDenied(format!(
+            "user {} is not a member of any project or group in agent {agent_id}'s user_access",
+            user.name
+        )));
+    }
+    match access.access_as.mode() {
+        Ok(StaticUserAccessAs::Agent) => Ok(None),
+        Ok(StaticUserAccessAs::User) => Ok(Some(static_user_identity(user, agent))),
+        Err(problem) => {
+            Err(KasError::InvalidAgentConfiguration(format!("agent {agent_id}'s user_access.access_as {problem}")))
+        }
+    }
+}
+
+/// `gitlab:user:<name>` in groups naming each of the user's groups and projects (by full path:
+/// static users have no GitLab ids or roles).
+fn static_user_identity(user: &StaticUser, agent: &AgentIdentity) -> Impersonation {
+    let mut groups = vec!["gitlab:user".to_owned()];
+    groups.extend(user.groups.iter().map(|g| format!("gitlab:group:{g}")));
+    groups.extend(user.projects.iter().map(|p| format!("gitlab:project:{p}")));
+    let extra = BTreeMap::from([
+        (EXTRA_AGENT_ID.to_owned(), vec![agent.agent_id.to_string()]),
+        (EXTRA_USERNAME.to_owned(), vec![user.name.clone()]),
+        (EXTRA_CONFIG_PROJECT_ID.to_owned(), vec![agent.project_id.to_string()]),
+        (EXTRA_ACCESS_TYPE.to_owned(), vec![STATIC_USER_ACCESS_TYPE.to_owned()]),
+    ]);
+    Impersonation { user: format!("gitlab:user:{}", user.name), uid: None, groups, extra }
 }
 
 /// Extra keys kas sets on impersonated requests (the reference's names), so admission webhooks
@@ -142,6 +208,8 @@ const EXTRA_USERNAME: &str = "agent.gitlab.com/username";
 const EXTRA_ENVIRONMENT_SLUG: &str = "agent.gitlab.com/environment_slug";
 const EXTRA_ENVIRONMENT_TIER: &str = "agent.gitlab.com/environment_tier";
 const EXTRA_ACCESS_TYPE: &str = "agent.gitlab.com/access_type";
+/// `agent.gitlab.com/access_type` of static users (GitLab's are `personal_access_token`, ...).
+const STATIC_USER_ACCESS_TYPE: &str = "static_user";
 
 /// A CI job may use the agent if GitLab lists it among the job's allowed agents (the agent's
 /// `ci_access` shares it with the job's project or one of its groups); `access_as` decides who
