@@ -145,6 +145,8 @@ async fn readme_standalone_rest_and_tls_examples_work_as_written() {
     let mint = block("TOKEN=$(cargo run -q --bin kas -- mint-jwt --secret-file .kas-dev/gitlab-secret)\n");
     let curls = block("/api/v1/projects/1/agents");
     let tls = block("kas-tls.yaml");
+    let add_user = block("add-user --users-file .kas-dev/users.yaml");
+    let kubectl_user = block("--token \"$(cat .kas-dev/alice-token)\"");
 
     let mut script = prelude(&bin_dir());
     // Standalone kas in the background (its default observability port is 8151).
@@ -162,6 +164,10 @@ async fn readme_standalone_rest_and_tls_examples_work_as_written() {
         }
     }
     script.push_str("wait %2 %3 %4 %5\nkill %1; wait %1 || true\n");
+    // "kubectl for a person", without GitLab: a user added while kas is stopped, loaded by the
+    // TLS kas below.
+    // (In a subshell: the prelude's `cargo` execs the binary.)
+    script.push_str(&format!("( {} )\n", add_user.trim()));
     // The TLS example: everything but its last command (kas itself), which runs in the background.
     let (setup, serve) = tls.trim_end().rsplit_once('\n').unwrap();
     assert!(serve.starts_with("cargo run --bin kas -- --config kas-tls.yaml"), "{serve}");
@@ -171,6 +177,15 @@ async fn readme_standalone_rest_and_tls_examples_work_as_written() {
          curl -sS --cacert .kas-dev/rest.crt -H \"Authorization: Bearer $TOKEN\" \
          https://127.0.0.1:8154/api/v1/agents/1/connections > tls.out\n"
     ));
+    // alice's kubectl, as written (HOME here: kubectl's cache stays in the scenario).
+    script.push_str(&format!(
+        "export HOME=\"$PWD\"\n( {} ) > kubectl-user.out 2> kubectl-user.err || true\n",
+        kubectl_user.trim()
+    ));
+    script.push_str(
+        "kubectl --server https://127.0.0.1:8154/api/v1/agents/1/kubernetes --certificate-authority .kas-dev/rest.crt \
+         --token kasu_not-a-user get pods > kubectl-stranger.out 2> kubectl-stranger.err || true\n",
+    );
     run_isolated(dir.path(), &script).await;
 
     assert_eq!(n, 4, "the README's REST block has four curl calls");
@@ -183,6 +198,15 @@ async fn readme_standalone_rest_and_tls_examples_work_as_written() {
     let standalone = read(dir.path(), "standalone.log");
     assert!(standalone.contains("standalone mode (in-memory registry"), "{standalone}");
     assert_eq!(read(dir.path(), "tls.out"), r#"{"connections":[]}"#);
+    // alice's token was accepted (agent 1 admits group dev); no agentk is connected here.
+    let token = read(dir.path(), ".kas-dev/alice-token");
+    assert!(token.starts_with("kasu_"), "{token}");
+    let users = read(dir.path(), ".kas-dev/users.yaml");
+    assert!(users.contains("name: alice") && users.contains("- dev") && !users.contains(token.trim()), "{users}");
+    let alice = read(dir.path(), "kubectl-user.err");
+    assert!(alice.contains("Warning: agent 1 is not connected"), "{alice}");
+    let stranger = read(dir.path(), "kubectl-stranger.err");
+    assert!(stranger.contains("Warning: invalid kas user token"), "{stranger}");
     let tls_log = read(dir.path(), "tls.log");
     assert!(tls_log.contains(r#""tls":"rest""#) || tls_log.contains("tls=rest"), "{tls_log}");
 }
