@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::access::{CiAccessDocument, UserAccessDocument};
+use super::gitops::GitopsDocument;
 
 /// The agent configuration document (`config.yaml`; every section optional).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -25,6 +26,9 @@ pub struct AgentConfigDocument {
     /// People who may use the agent through the Kubernetes API proxy (kas and GitLab read it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_access: Option<UserAccessDocument>,
+    /// Manifest projects kas polls and agentk applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gitops: Option<GitopsDocument>,
 }
 
 /// How agentk serves the Kubernetes API proxy; refusals are HTTP 403 Kubernetes `Status`es.
@@ -76,6 +80,9 @@ impl AgentConfigDocument {
         }
         if let Some(users) = &self.user_access {
             users.validate()?;
+        }
+        if let Some(gitops) = &self.gitops {
+            gitops.validate()?;
         }
         Ok(())
     }

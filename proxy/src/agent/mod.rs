@@ -4,6 +4,7 @@
 
 pub mod access;
 pub mod document;
+pub mod gitops;
 
 use std::path::PathBuf;
 
