@@ -267,6 +267,19 @@ async fn apply_and_roll_out(c: &Cluster, k: &Kubectl, ns: &str) {
     assert_eq!(stored["metadata"]["generation"], 2, "kubectl 1.{v}: {stored}");
     assert_eq!(stored["spec"]["replicas"], 3, "kubectl 1.{v}: {stored}");
 
+    // A field the Deployment schema does not have: kubectl left the check to the server, which
+    // refuses the apply as structured-merge-diff does.
+    let unknown = deployment_manifest(3, "busybox:1.37").replace("spec:\n  replicas", "spec:\n  foo: bar\n  replicas");
+    std::fs::write(&manifest, unknown).unwrap();
+    let out = k.command(&["apply", "--server-side", "-f", file, "-n", ns]).output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "kubectl 1.{v} applied an unknown field");
+    assert!(
+        stderr.contains(&format!("failed to create typed patch object ({ns}/web; apps/v1, Kind=Deployment): .spec.foo: field not declared in schema")),
+        "kubectl 1.{v}: {stderr}"
+    );
+    assert_eq!(c.kube.deployment(ns, "web").unwrap()["metadata"]["generation"], 2, "kubectl 1.{v}");
+
     // rollout status waits for the controller to see the new spec, then for the new replicas,
     // and ends once they are all available.
     let (mut rollout, mut lines) = k.spawn(&["rollout", "status", "deployment/web", "-n", ns]);

@@ -605,11 +605,12 @@ fn server_side_apply(
         ));
     }
     if let Some(field) = super::openapi::undeclared_field("io.k8s.api.apps.v1.Deployment", &applied) {
-        return Err(status(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "",
-            &format!("failed to create typed patch object ({ns}/{name}; apps/v1, Kind=Deployment): {field}: field not declared in schema"),
-        ));
+        // A plain error in the API server, so a 500 Status without a reason (kubernetes#122480).
+        let body = json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "code": 500,
+            "message": format!("failed to create typed patch object ({ns}/{name}; apps/v1, Kind=Deployment): {field}: field not declared in schema"),
+        });
+        return Err((StatusCode::INTERNAL_SERVER_ERROR, [("content-type", "application/json")], body.to_string()).into_response());
     }
     // Status is reset on the main resource: an apply there neither sets nor owns it.
     if let Some(o) = applied.as_object_mut() {
