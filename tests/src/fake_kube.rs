@@ -189,7 +189,10 @@ impl FakeKube {
             .route("/apis/apps/v1", get(apps::resources))
             .route("/apis/apps/v1/deployments", get(apps::list_all))
             .route("/apis/apps/v1/namespaces/{ns}/deployments", get(apps::list_namespaced))
-            .route("/apis/apps/v1/namespaces/{ns}/deployments/{name}", get(apps::get).patch(apps::patch).delete(apps::delete))
+            .route(
+                "/apis/apps/v1/namespaces/{ns}/deployments/{name}",
+                get(apps::get).patch(apps::patch).delete(apps::delete),
+            )
             .route("/apis/apps/v1/namespaces/{ns}/deployments/{name}/status", get(apps::get_status))
             .route("/openapi/v2", get(openapi::v2))
             .route("/openapi/v3", get(openapi::v3_root))
@@ -495,7 +498,7 @@ async fn list_all_pods(
     if is_watch(&q) {
         let selector = match apps::field_selector(&q) {
             Ok(s) => s,
-            Err(response) => return response,
+            Err(response) => return *response,
         };
         return watch(fake, WatchFilter { kind: "Pod", namespace: None, selector }, wants_table(&headers), since(&q));
     }
@@ -511,7 +514,7 @@ async fn list_namespaced_pods(
     if is_watch(&q) {
         let selector = match apps::field_selector(&q) {
             Ok(s) => s,
-            Err(response) => return response,
+            Err(response) => return *response,
         };
         let filter = WatchFilter { kind: "Pod", namespace: Some(ns), selector };
         return watch(fake, filter, wants_table(&headers), since(&q));

@@ -44,7 +44,8 @@ const APPLY: &str = "application/apply-patch+yaml";
 #[tokio::test]
 async fn server_side_apply_creates_merges_and_records_the_field_manager() {
     let fake = FakeKube::start().await;
-    let (code, created) = patch(&fake, "fieldManager=deployer&fieldValidation=Strict", APPLY, &manifest(1, "app:1")).await;
+    let (code, created) =
+        patch(&fake, "fieldManager=deployer&fieldValidation=Strict", APPLY, &manifest(1, "app:1")).await;
     assert_eq!(code, 201, "{created}");
     let meta = &created["metadata"];
     assert_eq!(meta["generation"], 1);
@@ -125,7 +126,10 @@ async fn patch_options_content_types_and_the_schema_are_checked_as_the_api_serve
 
     let (code, status) = patch(&fake, "force=true", "application/merge-patch+json", &json!({})).await;
     assert_eq!(code, 422, "{status}");
-    assert_eq!(status["message"], "PatchOptions.meta.k8s.io \"\" is invalid: force: Forbidden: may not be specified for non-apply patch");
+    assert_eq!(
+        status["message"],
+        "PatchOptions.meta.k8s.io \"\" is invalid: force: Forbidden: may not be specified for non-apply patch"
+    );
 
     let mut unknown = manifest(1, "app:1");
     unknown["spec"]["template"]["spec"]["containers"][0]["imagePolicy"] = json!("Always");
@@ -208,7 +212,10 @@ async fn openapi_v3_says_deployment_patch_takes_field_validation() {
     assert!(url.starts_with("/openapi/v3/apis/apps/v1?hash="), "{root}");
     let document = get(&fake, &url).await;
     let patch = &document["paths"]["/apis/apps/v1/namespaces/{namespace}/deployments/{name}"]["patch"];
-    assert_eq!(patch["x-kubernetes-group-version-kind"], json!({"group": "apps", "kind": "Deployment", "version": "v1"}));
+    assert_eq!(
+        patch["x-kubernetes-group-version-kind"],
+        json!({"group": "apps", "kind": "Deployment", "version": "v1"})
+    );
     let params: Vec<&str> = patch["parameters"].as_array().unwrap().iter().filter_map(|p| p["name"].as_str()).collect();
     assert!(params.contains(&"fieldValidation") && params.contains(&"fieldManager"), "{params:?}");
     assert!(document["components"]["schemas"]["io.k8s.api.apps.v1.Deployment"].is_object());

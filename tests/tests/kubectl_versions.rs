@@ -285,7 +285,8 @@ async fn apply_and_roll_out(c: &Cluster, k: &Kubectl, ns: &str) {
     let (mut rollout, mut lines) = k.spawn(&["rollout", "status", "deployment/web", "-n", ns]);
     next_line_containing(v, &mut lines, "Waiting for deployment spec update to be observed").await;
     c.kube.observe_deployment(ns, "web");
-    next_line_containing(v, &mut lines, "Waiting for deployment \"web\" rollout to finish: 0 out of 3 new replicas").await;
+    next_line_containing(v, &mut lines, "Waiting for deployment \"web\" rollout to finish: 0 out of 3 new replicas")
+        .await;
     c.kube.roll_out(ns, "web");
     next_line_containing(v, &mut lines, "deployment \"web\" successfully rolled out").await;
     let exit = tokio::time::timeout(Duration::from_secs(30), rollout.wait())

@@ -24,7 +24,10 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::{FakeKube, St, Shared, status};
+use super::{FakeKube, Shared, St, status};
+
+/// A refusal: the API server's error response.
+type Refusal = Box<Response>;
 
 pub(super) async fn resources() -> impl IntoResponse {
     axum::Json(json!({
@@ -67,8 +70,10 @@ fn invalid(group: &str, kind: &str, name: &str, causes: &[(&str, &str, &str)]) -
     } else {
         format!("{qualified} \"{name}\" is invalid: [{}]", messages.join(", "))
     };
-    let causes: Vec<Value> =
-        causes.iter().map(|(field, reason, message)| json!({"reason": reason, "message": message, "field": field})).collect();
+    let causes: Vec<Value> = causes
+        .iter()
+        .map(|(field, reason, message)| json!({"reason": reason, "message": message, "field": field}))
+        .collect();
     let body = json!({
         "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
         "reason": "Invalid", "details": {"name": name, "group": group, "kind": kind, "causes": causes}, "code": 422,
@@ -78,7 +83,7 @@ fn invalid(group: &str, kind: &str, name: &str, causes: &[(&str, &str, &str)]) -
 
 /// `metadata.name=x` / `metadata.namespace=y` field selectors (what the API server supports for
 /// every kind); anything else is a 400 as the real one answers.
-pub(super) fn field_selector(q: &HashMap<String, String>) -> Result<Vec<(String, String)>, Response> {
+pub(super) fn field_selector(q: &HashMap<String, String>) -> Result<Vec<(String, String)>, Refusal> {
     let Some(selector) = q.get("fieldSelector").filter(|s| !s.is_empty()) else {
         return Ok(Vec::new());
     };
@@ -88,11 +93,11 @@ pub(super) fn field_selector(q: &HashMap<String, String>) -> Result<Vec<(String,
             let (field, value) = term.split_once("==").or_else(|| term.split_once('=')).unwrap_or((term, ""));
             match field {
                 "metadata.name" | "metadata.namespace" => Ok((field.to_owned(), value.to_owned())),
-                _ => Err(status(
+                _ => Err(Box::new(status(
                     StatusCode::BAD_REQUEST,
                     "BadRequest",
                     &format!("Unable to find \"apps/v1, Resource=deployments\" that match label selector \"\", field selector \"{selector}\": field label not supported: {field}"),
-                )),
+                ))),
             }
         })
         .collect()
@@ -156,10 +161,15 @@ fn list(fake: &Shared, namespace: Option<&str>, selector: &[(String, String)], h
     .into_response()
 }
 
-fn list_or_watch(fake: Arc<Shared>, namespace: Option<String>, q: &HashMap<String, String>, headers: &HeaderMap) -> Response {
+fn list_or_watch(
+    fake: Arc<Shared>,
+    namespace: Option<String>,
+    q: &HashMap<String, String>,
+    headers: &HeaderMap,
+) -> Response {
     let selector = match field_selector(q) {
         Ok(s) => s,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     if super::is_watch(q) {
         let filter = super::WatchFilter { kind: "Deployment", namespace, selector };
@@ -168,7 +178,11 @@ fn list_or_watch(fake: Arc<Shared>, namespace: Option<String>, q: &HashMap<Strin
     list(&fake, namespace.as_deref(), &selector, headers)
 }
 
-pub(super) async fn list_all(State(fake): St, headers: HeaderMap, Query(q): Query<HashMap<String, String>>) -> Response {
+pub(super) async fn list_all(
+    State(fake): St,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
     list_or_watch(fake, None, &q, &headers)
 }
 
@@ -285,7 +299,7 @@ pub(super) async fn patch(
     };
     let (object, created) = match result {
         Ok(r) => r,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     let stored = if dry_run { object } else { store(&fake, &ns, &name, object, created) };
     let code = if created { StatusCode::CREATED } else { StatusCode::OK };
@@ -310,7 +324,7 @@ fn store(fake: &Shared, ns: &str, name: &str, mut object: Value, created: bool) 
     object
 }
 
-fn parse_body(body: &Bytes, validation: &str) -> Result<Value, Response> {
+fn parse_body(body: &Bytes, validation: &str) -> Result<Value, Refusal> {
     // The API server decodes apply patches as YAML (JSON is YAML); with Strict, a key given twice
     // fails the request ("error strict decoding YAML"), otherwise the last one wins.
     let strict: Result<Value, _> = serde_norway::from_slice(body);
@@ -318,13 +332,23 @@ fn parse_body(body: &Bytes, validation: &str) -> Result<Value, Response> {
         && validation == "Strict"
         && e.to_string().contains("duplicate")
     {
-        return Err(status(StatusCode::BAD_REQUEST, "BadRequest", &format!("error strict decoding YAML: {e}")));
+        return Err(Box::new(status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            &format!("error strict decoding YAML: {e}"),
+        )));
     }
     let lenient = serde_json::from_slice::<Value>(body).ok().or_else(|| strict.ok());
     match lenient {
         Some(v) if v.is_object() => Ok(v),
-        Some(_) => Err(status(StatusCode::BAD_REQUEST, "BadRequest", "error decoding YAML: the patch is not an object")),
-        None => Err(status(StatusCode::BAD_REQUEST, "BadRequest", "error decoding YAML: the patch is not YAML")),
+        Some(_) => Err(Box::new(status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "error decoding YAML: the patch is not an object",
+        ))),
+        None => {
+            Err(Box::new(status(StatusCode::BAD_REQUEST, "BadRequest", "error decoding YAML: the patch is not YAML")))
+        }
     }
 }
 
@@ -334,7 +358,16 @@ fn strip_meta(fields: &mut Value) {
         f.remove("f:apiVersion");
         f.remove("f:kind");
         if let Some(meta) = f.get_mut("f:metadata").and_then(Value::as_object_mut) {
-            for k in ["f:name", "f:namespace", "f:creationTimestamp", "f:selfLink", "f:uid", "f:resourceVersion", "f:generation", "f:managedFields"] {
+            for k in [
+                "f:name",
+                "f:namespace",
+                "f:creationTimestamp",
+                "f:selfLink",
+                "f:uid",
+                "f:resourceVersion",
+                "f:generation",
+                "f:managedFields",
+            ] {
                 meta.remove(k);
             }
             if meta.is_empty() {
@@ -351,18 +384,16 @@ fn fields_v1(value: &Value) -> Value {
         Value::Object(fields) if !fields.is_empty() => {
             Value::Object(fields.iter().map(|(k, v)| (format!("f:{k}"), fields_v1(v))).collect())
         }
-        Value::Array(items) if !items.is_empty() && items.iter().all(|i| i["name"].is_string()) => {
-            Value::Object(
-                items
-                    .iter()
-                    .map(|item| {
-                        let mut inner = fields_v1(item);
-                        inner["."] = json!({});
-                        (format!("k:{}", json!({"name": item["name"]})), inner)
-                    })
-                    .collect(),
-            )
-        }
+        Value::Array(items) if !items.is_empty() && items.iter().all(|i| i["name"].is_string()) => Value::Object(
+            items
+                .iter()
+                .map(|item| {
+                    let mut inner = fields_v1(item);
+                    inner["."] = json!({});
+                    (format!("k:{}", json!({"name": item["name"]})), inner)
+                })
+                .collect(),
+        ),
         _ => json!({}),
     }
 }
@@ -549,7 +580,7 @@ fn default_spec(object: &mut Value) {
     }
 }
 
-fn validate(object: &Value, name: &str) -> Result<(), Response> {
+fn validate(object: &Value, name: &str) -> Result<(), Refusal> {
     let spec = &object["spec"];
     let mut causes: Vec<(&str, &str, String)> = Vec::new();
     let selector = &spec["selector"]["matchLabels"];
@@ -572,7 +603,7 @@ fn validate(object: &Value, name: &str) -> Result<(), Response> {
         return Ok(());
     }
     let causes: Vec<(&str, &str, &str)> = causes.iter().map(|(f, r, m)| (*f, *r, m.as_str())).collect();
-    Err(invalid("apps", "Deployment", name, &causes))
+    Err(Box::new(invalid("apps", "Deployment", name, &causes)))
 }
 
 /// Server-side apply of `body` by `manager` onto the live object (if any): (object, created).
@@ -584,25 +615,25 @@ fn server_side_apply(
     manager: &str,
     force: bool,
     validation: &str,
-) -> Result<(Value, bool), Response> {
+) -> Result<(Value, bool), Refusal> {
     let mut applied = parse_body(body, validation)?;
     if let Some(body_name) = applied["metadata"]["name"].as_str()
         && body_name != name
     {
-        return Err(status(
+        return Err(Box::new(status(
             StatusCode::BAD_REQUEST,
             "BadRequest",
             &format!("the name of the object ({body_name}) does not match the name on the URL ({name})"),
-        ));
+        )));
     }
     if let Some(body_ns) = applied["metadata"]["namespace"].as_str()
         && body_ns != ns
     {
-        return Err(status(
+        return Err(Box::new(status(
             StatusCode::BAD_REQUEST,
             "BadRequest",
             "the namespace of the provided object does not match the namespace sent on the request",
-        ));
+        )));
     }
     if let Some(field) = super::openapi::undeclared_field("io.k8s.api.apps.v1.Deployment", &applied) {
         // A plain error in the API server, so a 500 Status without a reason (kubernetes#122480).
@@ -610,7 +641,10 @@ fn server_side_apply(
             "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "code": 500,
             "message": format!("failed to create typed patch object ({ns}/{name}; apps/v1, Kind=Deployment): {field}: field not declared in schema"),
         });
-        return Err((StatusCode::INTERNAL_SERVER_ERROR, [("content-type", "application/json")], body.to_string()).into_response());
+        return Err(Box::new(
+            (StatusCode::INTERNAL_SERVER_ERROR, [("content-type", "application/json")], body.to_string())
+                .into_response(),
+        ));
     }
     // Status is reset on the main resource: an apply there neither sets nor owns it.
     if let Some(o) = applied.as_object_mut() {
@@ -650,7 +684,7 @@ fn server_side_apply(
         }
     }
     if !conflicts.is_empty() {
-        return Err(conflict(&conflicts));
+        return Err(Box::new(conflict(&conflicts)));
     }
     managed.retain(|e| e["fieldsV1"].as_object().is_some_and(|f| !f.is_empty()));
 
@@ -702,9 +736,9 @@ fn other_patch(
     name: &str,
     manager: &str,
     headers: &HeaderMap,
-) -> Result<(Value, bool), Response> {
+) -> Result<(Value, bool), Refusal> {
     let Ok(patch) = serde_json::from_slice::<Value>(body) else {
-        return Err(status(StatusCode::BAD_REQUEST, "BadRequest", "error decoding patch: invalid JSON"));
+        return Err(Box::new(status(StatusCode::BAD_REQUEST, "BadRequest", "error decoding patch: invalid JSON")));
     };
     let mut object = live.clone();
     if content_type == "application/json-patch+json" {
@@ -750,10 +784,14 @@ fn other_patch(
 }
 
 /// RFC 6902 `add`, `remove`, `replace` and `test`.
-fn json_patch(object: &mut Value, patch: &Value) -> Result<(), Response> {
+fn json_patch(object: &mut Value, patch: &Value) -> Result<(), Refusal> {
     let bad = |m: String| status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", &m);
     let Some(ops) = patch.as_array() else {
-        return Err(status(StatusCode::BAD_REQUEST, "BadRequest", "json: cannot unmarshal object into Go value of type jsonpatch.Patch"));
+        return Err(Box::new(status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "json: cannot unmarshal object into Go value of type jsonpatch.Patch",
+        )));
     };
     for op in ops {
         let path = op["path"].as_str().unwrap_or_default();
@@ -762,17 +800,23 @@ fn json_patch(object: &mut Value, patch: &Value) -> Result<(), Response> {
         match op["op"].as_str().unwrap_or_default() {
             "test" => {
                 if object.pointer(path) != Some(&op["value"]) {
-                    return Err(bad(format!("the server rejected our request due to an error in our request: testing value {path} failed")));
+                    return Err(Box::new(bad(format!(
+                        "the server rejected our request due to an error in our request: testing value {path} failed"
+                    ))));
                 }
             }
             "remove" => {
                 let removed = match object.pointer_mut(parent) {
                     Some(Value::Object(o)) => o.remove(&last).is_some(),
-                    Some(Value::Array(a)) => last.parse::<usize>().ok().filter(|i| *i < a.len()).map(|i| a.remove(i)).is_some(),
+                    Some(Value::Array(a)) => {
+                        last.parse::<usize>().ok().filter(|i| *i < a.len()).map(|i| a.remove(i)).is_some()
+                    }
                     _ => false,
                 };
                 if !removed {
-                    return Err(bad(format!("the server rejected our request due to an error in our request: remove operation does not apply: doc is missing path: \"{path}\"")));
+                    return Err(Box::new(bad(format!(
+                        "the server rejected our request due to an error in our request: remove operation does not apply: doc is missing path: \"{path}\""
+                    ))));
                 }
             }
             action @ ("add" | "replace") => {
@@ -800,10 +844,12 @@ fn json_patch(object: &mut Value, patch: &Value) -> Result<(), Response> {
                     _ => false,
                 };
                 if !done {
-                    return Err(bad(format!("the server rejected our request due to an error in our request: {action} operation does not apply: doc is missing path: \"{path}\"")));
+                    return Err(Box::new(bad(format!(
+                        "the server rejected our request due to an error in our request: {action} operation does not apply: doc is missing path: \"{path}\""
+                    ))));
                 }
             }
-            other => return Err(bad(format!("Unexpected kind: {other}"))),
+            other => return Err(Box::new(bad(format!("Unexpected kind: {other}")))),
         }
     }
     Ok(())
@@ -875,7 +921,8 @@ impl FakeKube {
         let at = now();
         deployment["status"] = status(&deployment, &at);
         // A new pod template is a new ReplicaSet, and a new revision.
-        let revision = deployment["metadata"]["annotations"]["deployment.kubernetes.io/revision"].as_str().unwrap_or("0");
+        let revision =
+            deployment["metadata"]["annotations"]["deployment.kubernetes.io/revision"].as_str().unwrap_or("0");
         let mut revision = revision.parse::<u64>().unwrap_or(0);
         let template = template_hash(&deployment["spec"]);
         let key = (namespace.to_owned(), name.to_owned());
@@ -883,7 +930,9 @@ impl FakeKube {
             revision += 1;
         }
         deployment["metadata"]["annotations"]["deployment.kubernetes.io/revision"] = json!(revision.to_string());
-        let mut fields = fields_v1(&json!({"status": deployment["status"], "metadata": {"annotations": {"deployment.kubernetes.io/revision": ""}}}));
+        let mut fields = fields_v1(
+            &json!({"status": deployment["status"], "metadata": {"annotations": {"deployment.kubernetes.io/revision": ""}}}),
+        );
         strip_meta(&mut fields);
         let managed = deployment["metadata"]["managedFields"].as_array_mut();
         if let Some(managed) = managed {

@@ -167,14 +167,20 @@ pub(super) fn schemas() -> Map<String, Value> {
             &[("matchExpressions", opaque_list()), ("matchLabels", map_of_strings())],
         ),
     );
-    add(format!("{META}.Patch"), object("Patch is provided to give a concrete name and type to the Kubernetes PATCH request body.", &[]));
+    add(
+        format!("{META}.Patch"),
+        object("Patch is provided to give a concrete name and type to the Kubernetes PATCH request body.", &[]),
+    );
     add("io.k8s.api.core.v1.Container".into(), container);
     add("io.k8s.api.core.v1.PodSpec".into(), pod_spec);
     add(
         "io.k8s.api.core.v1.PodTemplateSpec".into(),
         object(
             "PodTemplateSpec describes the data a pod should have when created from a template",
-            &[("metadata", reference(&format!("{META}.ObjectMeta"))), ("spec", reference("io.k8s.api.core.v1.PodSpec"))],
+            &[
+                ("metadata", reference(&format!("{META}.ObjectMeta"))),
+                ("spec", reference("io.k8s.api.core.v1.PodSpec")),
+            ],
         ),
     );
     add(
@@ -326,7 +332,9 @@ fn walk(schemas: &Map<String, Value>, schema: &Value, value: &Value, path: Strin
             let item_schema = schema.get("items")?;
             items.iter().enumerate().find_map(|(i, item)| {
                 let key = match item["name"].as_str() {
-                    Some(name) if schema["x-kubernetes-list-map-keys"] == json!(["name"]) => format!("[name=\"{name}\"]"),
+                    Some(name) if schema["x-kubernetes-list-map-keys"] == json!(["name"]) => {
+                        format!("[name=\"{name}\"]")
+                    }
                     _ => format!("[{i}]"),
                 };
                 walk(schemas, item_schema, item, format!("{path}{key}"))
@@ -338,7 +346,14 @@ fn walk(schemas: &Map<String, Value>, schema: &Value, value: &Value, path: Strin
 
 /// One kind's REST operations, as the real document describes them (operation ids, the
 /// `x-kubernetes-*` extensions, the query parameters each verb takes).
-fn resource_paths(prefix: &str, group: &str, version: &str, kind: &str, plural: &str, schema: &str) -> Map<String, Value> {
+fn resource_paths(
+    prefix: &str,
+    group: &str,
+    version: &str,
+    kind: &str,
+    plural: &str,
+    schema: &str,
+) -> Map<String, Value> {
     let id_group = if group.is_empty() {
         "Core".to_owned()
     } else {
@@ -352,9 +367,7 @@ fn resource_paths(prefix: &str, group: &str, version: &str, kind: &str, plural: 
         v
     };
     let gvk = json!({"group": group, "kind": kind, "version": version});
-    let query = |name: &str, description: &str| {
-        json!({"name": name, "in": "query", "description": description, "schema": {"type": "string", "uniqueItems": true}})
-    };
+    let query = |name: &str, description: &str| json!({"name": name, "in": "query", "description": description, "schema": {"type": "string", "uniqueItems": true}});
     let ok = |code: &str| {
         json!({code: {"description": "OK", "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{schema}")}}}},
                "401": {"description": "Unauthorized"}})
@@ -369,20 +382,30 @@ fn resource_paths(prefix: &str, group: &str, version: &str, kind: &str, plural: 
         })
     };
     let dry_run = query("dryRun", "When present, indicates that modifications should not be persisted.");
-    let field_manager = query("fieldManager", "fieldManager is a name associated with the actor or entity that is making these changes.");
+    let field_manager = query(
+        "fieldManager",
+        "fieldManager is a name associated with the actor or entity that is making these changes.",
+    );
     let field_validation = query(
         "fieldValidation",
         "fieldValidation instructs the server on how to handle objects in the request (POST/PUT/PATCH) containing unknown or duplicate fields. Valid values are: - Ignore - Warn - Strict",
     );
     let force = json!({"name": "force", "in": "query", "description": "Force is going to \"force\" Apply requests.", "schema": {"type": "boolean", "uniqueItems": true}});
     let path_param = |name: &str| json!({"name": name, "in": "path", "required": true, "schema": {"type": "string", "uniqueItems": true}});
-    let mut patch = op("partially update", "patch", &format!("Namespaced{kind}"), vec![dry_run.clone(), field_manager.clone(), field_validation.clone(), force], "200");
+    let mut patch = op(
+        "partially update",
+        "patch",
+        &format!("Namespaced{kind}"),
+        vec![dry_run.clone(), field_manager.clone(), field_validation.clone(), force],
+        "200",
+    );
     let patch_body = json!({"schema": {"$ref": format!("#/components/schemas/{META}.Patch")}});
     patch["requestBody"] = json!({"content": {
         "application/apply-patch+yaml": patch_body, "application/json-patch+json": patch_body,
         "application/merge-patch+json": patch_body, "application/strategic-merge-patch+json": patch_body,
     }, "required": true});
-    let mut create = op("create", "post", &format!("Namespaced{kind}"), vec![dry_run, field_manager, field_validation], "201");
+    let mut create =
+        op("create", "post", &format!("Namespaced{kind}"), vec![dry_run, field_manager, field_validation], "201");
     create["requestBody"] =
         json!({"content": {"*/*": {"schema": {"$ref": format!("#/components/schemas/{schema}")}}}, "required": true});
     let mut list = op("list or watch objects of kind", "list", &format!("Namespaced{kind}"), vec![], "200");
@@ -408,7 +431,9 @@ fn resource_paths(prefix: &str, group: &str, version: &str, kind: &str, plural: 
 fn group_version_document(path: &str) -> Option<Value> {
     let paths = match path {
         "api/v1" => resource_paths("/api/v1", "", "v1", "Pod", "pods", "io.k8s.api.core.v1.Pod"),
-        "apis/apps/v1" => resource_paths("/apis/apps/v1", "apps", "v1", "Deployment", "deployments", "io.k8s.api.apps.v1.Deployment"),
+        "apis/apps/v1" => {
+            resource_paths("/apis/apps/v1", "apps", "v1", "Deployment", "deployments", "io.k8s.api.apps.v1.Deployment")
+        }
         _ => return None,
     };
     Some(json!({
@@ -492,7 +517,8 @@ pub(super) async fn v2(headers: HeaderMap) -> Response {
         let document = [field(1, b"2.0"), field(2, &info)].concat();
         // What kube-openapi's handler names the protobuf it returns (a valid media type, unlike
         // the Accept value: Go clients reject a Content-Type with "@").
-        return ([("content-type", "application/com.github.proto-openapi.spec.v2.v1.0+protobuf")], document).into_response();
+        return ([("content-type", "application/com.github.proto-openapi.spec.v2.v1.0+protobuf")], document)
+            .into_response();
     }
     axum::Json(json!({"swagger": "2.0", "info": {"title": "Kubernetes", "version": "v1.34.0-fake"}, "paths": {}, "definitions": {}}))
         .into_response()
