@@ -1,5 +1,7 @@
-//! A fake Kubernetes API server (axum) following the real API's shapes: discovery, pods list,
-//! get and watch. It records every request (so tests can check what agentk sent) and requires
+//! A fake Kubernetes API server (axum) following the real API's shapes: discovery, pods (list,
+//! get, watch, logs, exec, attach, port-forward), apps/v1 Deployments with server-side apply and
+//! a deployment controller the test drives (module `apps`), and the OpenAPI kubectl reads
+//! (module `openapi`). It records every request (so tests can check what agentk sent) and requires
 //! the service-account bearer token it was created with, as a real API server would.
 
 use std::collections::BTreeMap;

@@ -1,7 +1,13 @@
 //! Every kubectl the machine ships (`kubectl.1.27` … in the Google Cloud SDK's bin folder) ×
-//! the streaming verbs, through kas: kubectl → kas's Kubernetes proxy → agentk → the fake API
-//! server. One cluster for the whole matrix; the versions run concurrently, each in its own
-//! namespace.
+//! the streaming verbs, `apply --server-side` and `rollout status`, through kas: kubectl → kas's
+//! Kubernetes proxy → agentk → the fake API server. One cluster for the whole matrix; the
+//! versions run concurrently, each in its own namespace.
+//!
+//! `apply` runs with kubectl's default `--validate=strict`: every version asks the fake's
+//! OpenAPI v3 whether Deployment PATCH takes `fieldValidation` (1.27 and 1.28 also parse
+//! `/openapi/v2`), then sends `fieldValidation=Strict` and leaves the check to the server.
+//! `rollout status` lists and watches the deployment by field selector; the test moves the fake's
+//! deployment controller one step at a time and sees kubectl wait at each.
 //!
 //! Which transport each kubectl uses (looked up in the binaries' feature gates, see
 //! k8s.io/kubectl/pkg/cmd/util/env_flags.go / features): remote command (exec, attach, cp) over
