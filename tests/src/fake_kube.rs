@@ -1,5 +1,7 @@
-//! A fake Kubernetes API server (axum) following the real API's shapes: discovery, pods list,
-//! get and watch. It records every request (so tests can check what agentk sent) and requires
+//! A fake Kubernetes API server (axum) following the real API's shapes: discovery, pods (list,
+//! get, watch, logs, exec, attach, port-forward), apps/v1 Deployments with server-side apply and
+//! a deployment controller the test drives (module `apps`), and the OpenAPI kubectl reads
+//! (module `openapi`). It records every request (so tests can check what agentk sent) and requires
 //! the service-account bearer token it was created with, as a real API server would.
 
 use std::collections::BTreeMap;
@@ -19,6 +21,9 @@ use serde_json::{Value, json};
 use tokio::sync::broadcast;
 use tokio_stream::wrappers::BroadcastStream;
 use tokio_util::sync::{CancellationToken, DropGuard};
+
+mod apps;
+mod openapi;
 
 /// A request as the fake API server received it.
 #[derive(Debug, Clone)]
@@ -88,6 +93,10 @@ pub fn big_log_chunks(size: u64) -> impl Iterator<Item = Bytes> {
 struct Inner {
     /// (namespace, name) -> pod object
     pods: BTreeMap<(String, String), Value>,
+    /// (namespace, name) -> apps/v1 Deployment
+    deployments: BTreeMap<(String, String), Value>,
+    /// (namespace, deployment) -> the pod template the controller last rolled out (its hash)
+    deployment_templates: BTreeMap<(String, String), String>,
     requests: Vec<RecordedRequest>,
     resource_version: u64,
     /// When set, every API call answers with this status (RBAC failures and the like).
@@ -179,6 +188,17 @@ impl FakeKube {
             .route("/api", get(api_versions))
             .route("/apis", get(api_groups))
             .route("/api/v1", get(api_resources))
+            .route("/apis/apps/v1", get(apps::resources))
+            .route("/apis/apps/v1/deployments", get(apps::list_all))
+            .route("/apis/apps/v1/namespaces/{ns}/deployments", get(apps::list_namespaced))
+            .route(
+                "/apis/apps/v1/namespaces/{ns}/deployments/{name}",
+                get(apps::get).patch(apps::patch).delete(apps::delete),
+            )
+            .route("/apis/apps/v1/namespaces/{ns}/deployments/{name}/status", get(apps::get_status))
+            .route("/openapi/v2", get(openapi::v2))
+            .route("/openapi/v3", get(openapi::v3_root))
+            .route("/openapi/v3/{*path}", get(openapi::v3_group_version))
             .route("/api/v1/pods", get(list_all_pods))
             .route("/api/v1/namespaces/{ns}/pods", get(list_namespaced_pods).post(create_pod))
             .route("/api/v1/namespaces/{ns}/pods/{name}", get(get_pod).patch(patch_pod).put(put_pod).delete(delete_pod))
@@ -406,7 +426,11 @@ async fn api_versions() -> impl IntoResponse {
 }
 
 async fn api_groups() -> impl IntoResponse {
-    axum::Json(json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": []}))
+    let apps_v1 = json!({"groupVersion": "apps/v1", "version": "v1"});
+    axum::Json(json!({
+        "kind": "APIGroupList", "apiVersion": "v1",
+        "groups": [{"name": "apps", "versions": [apps_v1], "preferredVersion": apps_v1}],
+    }))
 }
 
 async fn api_resources() -> impl IntoResponse {
@@ -474,7 +498,11 @@ async fn list_all_pods(
     Query(q): Query<std::collections::HashMap<String, String>>,
 ) -> Response {
     if is_watch(&q) {
-        return watch(fake, None, wants_table(&headers), since(&q));
+        let selector = match apps::field_selector(&q) {
+            Ok(s) => s,
+            Err(response) => return *response,
+        };
+        return watch(fake, WatchFilter { kind: "Pod", namespace: None, selector }, wants_table(&headers), since(&q));
     }
     list_response(&fake, None, &headers)
 }
@@ -486,7 +514,12 @@ async fn list_namespaced_pods(
     Query(q): Query<std::collections::HashMap<String, String>>,
 ) -> Response {
     if is_watch(&q) {
-        return watch(fake, Some(ns), wants_table(&headers), since(&q));
+        let selector = match apps::field_selector(&q) {
+            Ok(s) => s,
+            Err(response) => return *response,
+        };
+        let filter = WatchFilter { kind: "Pod", namespace: Some(ns), selector };
+        return watch(fake, filter, wants_table(&headers), since(&q));
     }
     list_response(&fake, Some(&ns), &headers)
 }
@@ -503,9 +536,17 @@ async fn get_pod(State(fake): St, headers: HeaderMap, Path((ns, name)): Path<(St
     }
 }
 
+/// Which events a watch gets: one kind, optionally one namespace, a field selector.
+struct WatchFilter {
+    kind: &'static str,
+    namespace: Option<String>,
+    selector: Vec<(String, String)>,
+}
+
 /// Streams watch events (one JSON object per line) until the client goes away. With `table`,
 /// each event's object is a one-row Table, as the API server sends to kubectl.
-fn watch(fake: Arc<Shared>, namespace: Option<String>, table: bool, since: u64) -> Response {
+fn watch(fake: Arc<Shared>, filter: WatchFilter, table: bool, since: u64) -> Response {
+    let filter = Arc::new(filter);
     let (replay, live) = {
         let inner = fake.lock();
         let replay: Vec<Value> = inner.history.iter().filter(|ev| event_rv(ev) > since).cloned().collect();
@@ -513,16 +554,22 @@ fn watch(fake: Arc<Shared>, namespace: Option<String>, table: bool, since: u64) 
     };
     let live = BroadcastStream::new(live).filter_map(|ev| async move { ev.ok() });
     let events = futures::stream::iter(replay).chain(live).filter_map(move |ev| {
-        let namespace = namespace.clone();
+        let filter = filter.clone();
         async move {
             let mut ev = ev;
             let ns = ev["object"]["metadata"]["namespace"].as_str().unwrap_or_default().to_owned();
-            if namespace.as_ref().is_some_and(|n| *n != ns) {
+            if ev["object"]["kind"] != filter.kind
+                || filter.namespace.as_ref().is_some_and(|n| *n != ns)
+                || !apps::selects(&filter.selector, &ev["object"])
+            {
                 return None;
             }
             if table {
                 let rv = ev["object"]["metadata"]["resourceVersion"].as_str().unwrap_or_default().to_owned();
-                ev["object"] = pod_table(&[ev["object"].clone()], &rv);
+                ev["object"] = match filter.kind {
+                    "Deployment" => apps::table(&[ev["object"].clone()], &rv),
+                    _ => pod_table(&[ev["object"].clone()], &rv),
+                };
             }
             Some(Ok::<_, Infallible>(Bytes::from(format!("{ev}\n"))))
         }

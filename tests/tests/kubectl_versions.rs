@@ -1,7 +1,13 @@
 //! Every kubectl the machine ships (`kubectl.1.27` … in the Google Cloud SDK's bin folder) ×
-//! the streaming verbs, through kas: kubectl → kas's Kubernetes proxy → agentk → the fake API
-//! server. One cluster for the whole matrix; the versions run concurrently, each in its own
-//! namespace.
+//! the streaming verbs, `apply --server-side` and `rollout status`, through kas: kubectl → kas's
+//! Kubernetes proxy → agentk → the fake API server. One cluster for the whole matrix; the
+//! versions run concurrently, each in its own namespace.
+//!
+//! `apply` runs with kubectl's default `--validate=strict`: every version asks the fake's
+//! OpenAPI v3 whether Deployment PATCH takes `fieldValidation` (1.27 and 1.28 also parse
+//! `/openapi/v2`), then sends `fieldValidation=Strict` and leaves the check to the server.
+//! `rollout status` lists and watches the deployment by field selector; the test moves the fake's
+//! deployment controller one step at a time and sees kubectl wait at each.
 //!
 //! Which transport each kubectl uses (looked up in the binaries' feature gates, see
 //! k8s.io/kubectl/pkg/cmd/util/env_flags.go / features): remote command (exec, attach, cp) over
@@ -213,6 +219,87 @@ async fn verbs(c: &Cluster, k: Kubectl) {
         upgrades.iter().all(|u| u.eq_ignore_ascii_case(expected)),
         "kubectl 1.{v} (expected {expected}): {upgrades:?}"
     );
+
+    // apply --server-side (validated by the server), then rollout status waiting for the
+    // deployment controller.
+    apply_and_roll_out(c, &k, ns).await;
+}
+
+fn deployment_manifest(replicas: u32, image: &str) -> String {
+    format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: web\n  labels:\n    app: web\nspec:\n  \
+         replicas: {replicas}\n  selector:\n    matchLabels:\n      app: web\n  template:\n    metadata:\n      \
+         labels:\n        app: web\n    spec:\n      containers:\n      - name: main\n        image: {image}\n"
+    )
+}
+
+/// `kubectl apply --server-side` with kubectl's default validation (`--validate=strict`: kubectl
+/// finds in the fake's OpenAPI v3 that Deployment PATCH takes `fieldValidation` and leaves the
+/// check to the server), twice, then `kubectl rollout status` through the controller's steps.
+async fn apply_and_roll_out(c: &Cluster, k: &Kubectl, ns: &str) {
+    let v = k.minor;
+    let manifest = k.target.home().join("deployment.yaml");
+    let file = manifest.to_str().unwrap();
+    std::fs::write(&manifest, deployment_manifest(1, "busybox:1.36")).unwrap();
+    let out = k.run(&["apply", "--server-side", "-f", file, "-n", ns]).await;
+    assert_eq!(String::from_utf8_lossy(&out).trim(), "deployment.apps/web serverside-applied", "kubectl 1.{v}");
+
+    let stored = c.kube.deployment(ns, "web").unwrap_or_else(|| panic!("kubectl 1.{v}: no deployment stored"));
+    let managed = stored["metadata"]["managedFields"].as_array().cloned().unwrap_or_default();
+    assert!(
+        managed.iter().any(|m| m["manager"] == "kubectl" && m["operation"] == "Apply"),
+        "kubectl 1.{v}: {managed:?}"
+    );
+    assert_eq!(stored["metadata"]["generation"], 1, "kubectl 1.{v}: {stored}");
+    assert_eq!(stored["spec"]["template"]["spec"]["containers"][0]["image"], "busybox:1.36");
+
+    // It reached the API server as an apply patch by the field manager kubectl, with the
+    // server's strict field validation asked for.
+    let path = format!("/apis/apps/v1/namespaces/{ns}/deployments/web");
+    let applies: Vec<_> = c.kube.requests().into_iter().filter(|r| r.method == "PATCH" && r.path == path).collect();
+    assert_eq!(applies.len(), 1, "kubectl 1.{v}: {applies:?}");
+    let apply = &applies[0];
+    let content_type = apply.headers.get("content-type").and_then(|h| h.to_str().ok()).unwrap_or_default();
+    assert_eq!(content_type, "application/apply-patch+yaml", "kubectl 1.{v}");
+    let query: Vec<&str> = apply.query.split('&').collect();
+    assert!(query.contains(&"fieldManager=kubectl"), "kubectl 1.{v}: {query:?}");
+    assert!(query.contains(&"fieldValidation=Strict"), "kubectl 1.{v}: {query:?}");
+
+    // A changed manifest: a new generation.
+    std::fs::write(&manifest, deployment_manifest(3, "busybox:1.37")).unwrap();
+    let out = k.run(&["apply", "--server-side", "-f", file, "-n", ns]).await;
+    assert_eq!(String::from_utf8_lossy(&out).trim(), "deployment.apps/web serverside-applied", "kubectl 1.{v}");
+    let stored = c.kube.deployment(ns, "web").unwrap();
+    assert_eq!(stored["metadata"]["generation"], 2, "kubectl 1.{v}: {stored}");
+    assert_eq!(stored["spec"]["replicas"], 3, "kubectl 1.{v}: {stored}");
+
+    // A field the Deployment schema does not have: kubectl left the check to the server, which
+    // refuses the apply as structured-merge-diff does.
+    let unknown = deployment_manifest(3, "busybox:1.37").replace("spec:\n  replicas", "spec:\n  foo: bar\n  replicas");
+    std::fs::write(&manifest, unknown).unwrap();
+    let out = k.command(&["apply", "--server-side", "-f", file, "-n", ns]).output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "kubectl 1.{v} applied an unknown field");
+    assert!(
+        stderr.contains(&format!("failed to create typed patch object ({ns}/web; apps/v1, Kind=Deployment): .spec.foo: field not declared in schema")),
+        "kubectl 1.{v}: {stderr}"
+    );
+    assert_eq!(c.kube.deployment(ns, "web").unwrap()["metadata"]["generation"], 2, "kubectl 1.{v}");
+
+    // rollout status waits for the controller to see the new spec, then for the new replicas,
+    // and ends once they are all available.
+    let (mut rollout, mut lines) = k.spawn(&["rollout", "status", "deployment/web", "-n", ns]);
+    next_line_containing(v, &mut lines, "Waiting for deployment spec update to be observed").await;
+    c.kube.observe_deployment(ns, "web");
+    next_line_containing(v, &mut lines, "Waiting for deployment \"web\" rollout to finish: 0 out of 3 new replicas")
+        .await;
+    c.kube.roll_out(ns, "web");
+    next_line_containing(v, &mut lines, "deployment \"web\" successfully rolled out").await;
+    let exit = tokio::time::timeout(Duration::from_secs(30), rollout.wait())
+        .await
+        .unwrap_or_else(|_| panic!("kubectl 1.{v} rollout status did not end after the rollout"))
+        .unwrap();
+    assert!(exit.success(), "kubectl 1.{v} rollout status: {exit}");
 }
 
 /// Single-quoted for sh.
