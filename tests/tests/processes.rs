@@ -155,6 +155,9 @@ async fn standalone_agent_configuration_from_a_repository_sets_agentk_log_level(
     let agents_file = kas.dev_dir.join("agents.yaml");
     assert!(kas.process.terminate().await.success());
     let mut agents = kas::auth::agent_token::StaticAgentsFile::load(&agents_file).unwrap();
+    // As the README says: the repository replaces the inline configuration standalone wrote.
+    assert!(agents.agents[0].configuration.as_ref().is_some_and(|c| c.user_access.is_some()));
+    agents.agents[0].configuration = None;
     agents.agents[0].configuration_repository = Some(repo.bare.display().to_string());
     agents.save(&agents_file).unwrap();
     let kas = process::start_kas_standalone(&kas_dir).await;
