@@ -3,7 +3,6 @@
 //! takes a request, off the request's path.
 //! The pool task alone owns the counts; tunnel tasks report to it over a channel.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -216,9 +215,8 @@ async fn open_and_serve(ctx: &PoolContext, events: &mpsc::UnboundedSender<Event>
         connection_id = %ctx.connection_id,
         "serving a request"
     );
-    let by_method: HashMap<&str, &Arc<dyn Module>> =
-        ctx.modules.iter().flat_map(|m| m.methods().iter().map(move |name| (*name, m))).collect();
-    let module = by_method.get(info.method.as_str()).map(|m| (*m).clone());
+    // A handful of modules: a scan costs less than building a map per tunnel.
+    let module = ctx.modules.iter().find(|m| m.methods().contains(&info.method.as_str())).cloned();
     let method = info.method.clone();
     let (mut request, responder) = tunnel::split(info, inbound, outbound, order);
     let stop_all = ctx.stop_all.clone();

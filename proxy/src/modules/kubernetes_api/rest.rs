@@ -20,6 +20,7 @@ use kas_proto::kubernetes_api::{
     HttpRequestHead, headers_from_proto, headers_to_proto, is_discovery_request, is_upgrade, strip_hop_by_hop,
     warning_header,
 };
+use kas_proto::tunnel::pb::ConnectResponse;
 use kas_proto::{AgentId, ConnectionId};
 use tokio::io::AsyncWriteExt;
 use tokio_util::io::ReaderStream;
@@ -226,6 +227,7 @@ async fn proxy_inner(
         let body = request.into_body();
         match axum::body::HttpBody::size_hint(&body).exact() {
             Some(length) if length > limit as u64 => return Ok(body_too_large(limit)),
+            Some(0) => Some(RequestBody::Empty),
             Some(_) => Some(RequestBody::Streamed(body)),
             None => match read_limited(body, limit).await {
                 Ok(chunks) => Some(RequestBody::Buffered(chunks)),
@@ -242,6 +244,11 @@ async fn proxy_inner(
     let mut exchange = start(&state.router, target, metadata, head, None).await?;
     let sender = exchange.take_sender();
     let request_pump = match (body, sender) {
+        (Some(RequestBody::Empty), Some(sender)) => {
+            // Most requests (GET) have no body: half-close at once, no pump task.
+            sender.send(ConnectResponse::close_send()).await?;
+            None
+        }
         (Some(RequestBody::Streamed(body)), Some(sender)) => Some(pump_body(sender, body.into_data_stream())),
         (Some(RequestBody::Buffered(chunks)), Some(sender)) => {
             Some(pump_body(sender, futures::stream::iter(chunks.into_iter().map(Ok::<_, axum::Error>))))
@@ -292,6 +299,8 @@ pub(crate) fn agent_id_param(params: &HashMap<String, String>) -> Result<AgentId
 }
 
 enum RequestBody {
+    /// No body (`Content-Length: 0` or none on a GET).
+    Empty,
     /// Known length, within the limit: streamed as it arrives.
     Streamed(Body),
     /// Unknown length: read to its end, within the limit.
