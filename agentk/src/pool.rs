@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use kas_proto::ConnectionId;
 use kas_proto::tunnel::pb::agent_tunnel_client::AgentTunnelClient;
-use kas_proto::tunnel::pb::{self, ConnectRequest, connect_response};
-use kas_proto::tunnel::{FrameOrder, ResponseFrame};
+use kas_proto::tunnel::pb::{self, ConnectRequest};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
@@ -30,7 +29,7 @@ const IDLE_GROWTH_CAP: usize = 64;
 /// tunnels of a live connection); the pool then opens no more than the target.
 pub const DEFAULT_IDLE_QUIET_PERIOD: Duration = Duration::from_secs(30);
 
-/// How many idle tunnels to keep. One tunnel carries one request, so a burst of concurrent
+/// How many idle tunnels to keep. One tunnel carries one request at a time, so a burst of concurrent
 /// requests drains a small pool and each request then waits for a tunnel to open. The target
 /// follows the concurrency seen: at least as many idle tunnels as are in use (capped), and it
 /// halves back towards `min_idle` after a quiet period, so quiet agents hold few streams.
@@ -99,6 +98,8 @@ enum Event {
     EndedIdle { failed: bool },
     /// A tunnel finished its request.
     EndedBusy,
+    /// A tunnel finished its request and waits for the next one (kas reuses it).
+    Idle,
 }
 
 pub async fn run(ctx: PoolContext) {
@@ -137,6 +138,10 @@ pub async fn run(ctx: PoolContext) {
                     }
                 }
                 Some(Event::EndedBusy) => in_use = in_use.saturating_sub(1),
+                Some(Event::Idle) => {
+                    in_use = in_use.saturating_sub(1);
+                    idle += 1;
+                }
                 None => break,
             },
         }
@@ -162,16 +167,9 @@ fn authorized<T>(message: T, token: &str) -> tonic::Request<T> {
 async fn open_and_serve(ctx: &PoolContext, events: &mpsc::UnboundedSender<Event>) -> Event {
     let methods: Vec<String> = ctx.modules.iter().flat_map(|m| m.methods().iter().map(|s| (*s).to_owned())).collect();
     let (outbound, rx) = mpsc::channel::<ConnectRequest>(TUNNEL_SEND_BUFFER);
-    let mut order = FrameOrder::new();
-    if order.response(ResponseFrame::Descriptor).is_err()
-        || outbound
-            .try_send(ConnectRequest::descriptor(pb::Descriptor {
-                connection_id: ctx.connection_id.0,
-                methods,
-                response_credit: true,
-            }))
-            .is_err()
-    {
+    let descriptor =
+        pb::Descriptor { connection_id: ctx.connection_id.0, methods, response_credit: true, reusable: true };
+    if outbound.try_send(ConnectRequest::descriptor(descriptor)).is_err() {
         return Event::EndedIdle { failed: true };
     }
     let mut client = AgentTunnelClient::new(ctx.channel.clone());
@@ -179,68 +177,74 @@ async fn open_and_serve(ctx: &PoolContext, events: &mpsc::UnboundedSender<Event>
         () = ctx.stop_idle.cancelled() => return Event::EndedIdle { failed: false },
         r = client.connect(authorized(ReceiverStream::new(rx), &ctx.token)) => r,
     };
-    let mut inbound = match opened {
+    let inbound = match opened {
         Ok(r) => r.into_inner(),
         Err(status) => {
             tracing::debug!(code = ?status.code(), error = %status.message(), "opening a tunnel failed");
             return Event::EndedIdle { failed: true };
         }
     };
-    let first = tokio::select! {
-        () = ctx.stop_idle.cancelled() => return Event::EndedIdle { failed: false },
-        m = inbound.message() => m,
-    };
-    let frame = match first {
-        Ok(Some(frame)) => frame,
-        // kas closed an idle tunnel (it is shutting down): not a failure.
-        Ok(None) => return Event::EndedIdle { failed: false },
-        Err(status) => {
-            tracing::debug!(code = ?status.code(), error = %status.message(), "idle tunnel ended");
-            return Event::EndedIdle { failed: status.code() != tonic::Code::Cancelled };
-        }
-    };
-    let _ = events.send(Event::Busy);
-    let checked = frame.kind().and_then(|k| order.request(k));
-    let info = match (checked, frame.msg) {
-        (Ok(()), Some(connect_response::Msg::RequestInfo(info))) => info,
-        (Err(violation), _) => {
-            tracing::warn!(error = %violation, "kas broke the tunnel protocol");
-            return Event::EndedBusy;
-        }
-        _ => return Event::EndedBusy,
-    };
-    tracing::debug!(
-        request_id = kas_proto::metadata::request_id(&info.metadata).unwrap_or_default(),
-        method = %info.method,
-        connection_id = %ctx.connection_id,
-        "serving a request"
-    );
-    // A handful of modules: a scan costs less than building a map per tunnel.
-    let module = ctx.modules.iter().find(|m| m.methods().contains(&info.method.as_str())).cloned();
-    let method = info.method.clone();
-    let (mut request, responder) = tunnel::split(info, inbound, outbound, order);
-    let stop_all = ctx.stop_all.clone();
-    ctx.in_flight
-        .track_future(async move {
-            let serve = async {
-                match module {
-                    Some(module) => module.handle(&mut request, &responder).await,
-                    None => {
-                        let status = tonic::Status::unimplemented(format!("agentk does not serve {method}"));
-                        let _ = responder.error(&status).await;
+    let mut exchanges = tunnel::start(inbound, outbound);
+    loop {
+        let next = tokio::select! {
+            () = ctx.stop_idle.cancelled() => return Event::EndedIdle { failed: false },
+            next = exchanges.recv() => next,
+        };
+        let (mut request, responder) = match next {
+            Some(Ok(exchange)) => exchange,
+            // kas closed an idle tunnel (it is shutting down, or the tunnel idled out).
+            None => return Event::EndedIdle { failed: false },
+            Some(Err(status)) => {
+                tracing::debug!(code = ?status.code(), error = %status.message(), "idle tunnel ended");
+                return Event::EndedIdle { failed: status.code() != tonic::Code::Cancelled };
+            }
+        };
+        let _ = events.send(Event::Busy);
+        tracing::debug!(
+            request_id = kas_proto::metadata::request_id(&request.metadata).unwrap_or_default(),
+            method = %request.method,
+            connection_id = %ctx.connection_id,
+            "serving a request"
+        );
+        // A handful of modules: a scan costs less than building a map per tunnel.
+        let module = ctx.modules.iter().find(|m| m.methods().contains(&request.method.as_str())).cloned();
+        let method = request.method.clone();
+        let stop_all = ctx.stop_all.clone();
+        let reusable = ctx
+            .in_flight
+            .track_future(async move {
+                let serve = async {
+                    match module {
+                        Some(module) => module.handle(&mut request, &responder).await,
+                        None => {
+                            let status = tonic::Status::unimplemented(format!("agentk does not serve {method}"));
+                            let _ = responder.error(&status).await;
+                        }
+                    }
+                    let response_ended = responder.is_done();
+                    drop(responder);
+                    // An exchange that ended cleanly both ways leaves the tunnel ready for the
+                    // next one; otherwise wait for kas to end the tunnel.
+                    if response_ended && request.drain_to_close_send().await {
+                        return true;
+                    }
+                    request.finish().await;
+                    false
+                };
+                tokio::select! {
+                    reusable = serve => reusable,
+                    () = stop_all.cancelled() => {
+                        tracing::warn!(%method, "request cancelled: shutdown grace period over");
+                        false
                     }
                 }
-                // Half-close our side, then wait for kas to end the tunnel.
-                drop(responder);
-                request.finish().await;
-            };
-            tokio::select! {
-                () = serve => {}
-                () = stop_all.cancelled() => tracing::warn!(%method, "request cancelled: shutdown grace period over"),
-            }
-        })
-        .await;
-    Event::EndedBusy
+            })
+            .await;
+        if !reusable {
+            return Event::EndedBusy;
+        }
+        let _ = events.send(Event::Idle);
+    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! agentk's end of one tunnel: receives the request frames and sends the response frames, both
 //! checked against the shared [`FrameOrder`] (the same state machine kas uses).
 //!
-//! One task per tunnel reads what kas sends ([`read_requests`]): response credit
+//! One task per tunnel reads what kas sends ([`read_frames`]), for every exchange the tunnel
+//! carries (a tunnel is reusable: see `kas_proto::tunnel`): response credit
 //! (`WindowUpdate`, see `kas_proto::flow`) must arrive while a module waits for it to send, and
 //! the module may not be reading the request body then. Request frames are read ahead of the
 //! module up to [`REQUEST_READ_AHEAD`] bytes.
@@ -12,7 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use kas_proto::tunnel::pb::{self, ConnectRequest, ConnectResponse, connect_response};
-use kas_proto::tunnel::{FrameOrder, FrameOrderError, ResponseFrame};
+use kas_proto::tunnel::{FrameOrder, FrameOrderError, RequestFrame, ResponseFrame};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tonic::{Status, Streaming};
 
@@ -44,6 +45,7 @@ pub struct TunnelRequest {
     pub method: String,
     pub metadata: HashMap<String, pb::MetadataValues>,
     inbound: mpsc::UnboundedReceiver<Result<Inbound, Status>>,
+    close_send_seen: bool,
 }
 
 /// Sends the response frames back to kas.
@@ -75,79 +77,154 @@ impl SendCredit {
     }
 }
 
-/// Builds the request/responder pair from the first frame (already checked to be RequestInfo)
-/// and starts the task that reads the rest of what kas sends.
-pub fn split(
-    info: pb::RequestInfo,
+/// One request on a tunnel: what the module reads and how it answers.
+pub type Exchange = (TunnelRequest, Responder);
+
+/// Starts the task that reads everything kas sends on a tunnel whose Descriptor was sent, and
+/// returns the exchanges it starts: one per `RequestInfo` (a reusable tunnel carries the next
+/// once the previous ended cleanly). A stream error while no exchange is open comes as an
+/// error item; the end of the stream closes the channel.
+pub fn start(
     inbound: Streaming<ConnectResponse>,
     outbound: mpsc::Sender<ConnectRequest>,
-    order: FrameOrder,
-) -> (TunnelRequest, Responder) {
-    let order = Arc::new(Mutex::new(order));
-    let credit = Arc::new(SendCredit {
-        limited: AtomicBool::new(info.response_window > 0),
-        available: AtomicI64::new(i64::from(info.response_window)),
-        ended: AtomicBool::new(false),
-        changed: tokio::sync::Notify::new(),
-    });
-    let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(read_requests(inbound, order.clone(), credit.clone(), tx));
-    (TunnelRequest { method: info.method, metadata: info.metadata, inbound: rx }, Responder { outbound, order, credit })
+) -> mpsc::Receiver<Result<Exchange, Status>> {
+    let (tx, rx) = mpsc::channel(1);
+    tokio::spawn(read_frames(inbound, outbound, tx));
+    rx
 }
 
-/// Reads kas's frames until the stream ends or the request is dropped: credit goes to the
-/// responder at once, request frames to the module (body data within [`REQUEST_READ_AHEAD`]).
-/// The stream lives as long as this task: dropping it earlier would reset the stream, and a
-/// reset discards response frames kas has not read yet.
-async fn read_requests(
-    mut inbound: Streaming<ConnectResponse>,
+/// The exchange the reader is feeding.
+struct Current {
     order: SharedOrder,
     credit: Arc<SendCredit>,
     tx: mpsc::UnboundedSender<Result<Inbound, Status>>,
+    read_ahead: Arc<Semaphore>,
+}
+
+impl Current {
+    fn new(info: pb::RequestInfo, order: FrameOrder, outbound: &mpsc::Sender<ConnectRequest>) -> (Self, Exchange) {
+        let order = Arc::new(Mutex::new(order));
+        let credit = Arc::new(SendCredit {
+            limited: AtomicBool::new(info.response_window > 0),
+            available: AtomicI64::new(i64::from(info.response_window)),
+            ended: AtomicBool::new(false),
+            changed: tokio::sync::Notify::new(),
+        });
+        let (tx, rx) = mpsc::unbounded_channel();
+        let request =
+            TunnelRequest { method: info.method, metadata: info.metadata, inbound: rx, close_send_seen: false };
+        let responder = Responder { outbound: outbound.clone(), order: order.clone(), credit: credit.clone() };
+        let current = Self { order, credit, tx, read_ahead: Arc::new(Semaphore::new(REQUEST_READ_AHEAD)) };
+        (current, (request, responder))
+    }
+
+    fn finished(&self) -> bool {
+        self.order.lock().unwrap_or_else(std::sync::PoisonError::into_inner).is_finished()
+    }
+}
+
+/// Reads kas's frames until the stream ends or the serve loop is gone: `RequestInfo` starts an
+/// exchange, credit goes to its responder at once, request frames to its module (body data
+/// within [`REQUEST_READ_AHEAD`]). The stream lives as long as this task: dropping it earlier
+/// would reset the stream, and a reset discards response frames kas has not read yet.
+async fn read_frames(
+    mut inbound: Streaming<ConnectResponse>,
+    outbound: mpsc::Sender<ConnectRequest>,
+    exchanges: mpsc::Sender<Result<Exchange, Status>>,
 ) {
-    let read_ahead = Arc::new(Semaphore::new(REQUEST_READ_AHEAD));
+    let mut current: Option<Current> = None;
     loop {
         let next = tokio::select! {
             next = inbound.message() => next,
-            () = tx.closed() => break,
+            () = exchanges.closed() => break,
         };
         let frame = match next {
             Ok(Some(frame)) => frame,
             Ok(None) => break,
             Err(status) => {
-                let _ = tx.send(Err(status));
+                match current.as_ref().filter(|c| !c.finished()) {
+                    Some(c) => drop(c.tx.send(Err(status))),
+                    None => drop(exchanges.send(Err(status)).await),
+                }
                 break;
             }
         };
-        if let Err(violation) = check(&order, |o| frame.kind().and_then(|k| o.request(k))) {
-            let _ = tx.send(Err(violation.into()));
+        let kind = match frame.kind() {
+            Ok(kind) => kind,
+            Err(violation) => {
+                fail(current.as_ref(), &exchanges, violation).await;
+                break;
+            }
+        };
+        if kind == RequestFrame::RequestInfo && current.as_ref().is_none_or(Current::finished) {
+            let Some(connect_response::Msg::RequestInfo(info)) = frame.msg else { break };
+            let mut order = FrameOrder::after_descriptor();
+            if let Err(violation) = order.request(kind) {
+                fail(None, &exchanges, violation).await;
+                break;
+            }
+            if let Some(previous) = current.take() {
+                previous.credit.end();
+            }
+            let (next, exchange) = Current::new(info, order, &outbound);
+            if exchanges.send(Ok(exchange)).await.is_err() {
+                break;
+            }
+            current = Some(next);
+            continue;
+        }
+        let Some(c) = current.as_ref() else {
+            // Before the first RequestInfo: a fresh order names the violation.
+            let violation = FrameOrder::after_descriptor().request(kind).err();
+            let violation = violation.unwrap_or(FrameOrderError { frame: "frame", state: "before RequestInfo" });
+            fail(None, &exchanges, violation).await;
+            break;
+        };
+        if let Err(violation) = check(&c.order, |o| o.request(kind)) {
+            fail(Some(c), &exchanges, violation).await;
             break;
         }
+        // A module that stopped reading (it answered already) is not sent more; the exchange's
+        // frames are still read, so the tunnel can carry the next one.
         let item = match frame.msg {
             Some(connect_response::Msg::WindowUpdate(update)) => {
-                credit.grant(update.bytes);
+                c.credit.grant(update.bytes);
                 continue;
             }
             Some(connect_response::Msg::Message(m)) => {
                 let share = u32::try_from(m.data.len().min(REQUEST_READ_AHEAD)).unwrap_or(u32::MAX);
                 let permit = tokio::select! {
-                    permit = read_ahead.clone().acquire_many_owned(share) => permit,
-                    () = tx.closed() => break,
+                    permit = c.read_ahead.clone().acquire_many_owned(share) => permit,
+                    () = c.tx.closed() => continue,
+                    () = exchanges.closed() => break,
                 };
                 let Ok(permit) = permit else { break };
                 Inbound::Message(m.data, permit)
             }
             Some(connect_response::Msg::CloseSend(_)) => Inbound::CloseSend,
             _ => {
-                let _ = tx.send(Err(Status::invalid_argument("unexpected frame in the request body")));
+                let _ = c.tx.send(Err(Status::invalid_argument("unexpected frame in the request body")));
                 break;
             }
         };
-        if tx.send(Ok(item)).is_err() {
-            break;
-        }
+        let _ = c.tx.send(Ok(item));
     }
-    credit.end();
+    if let Some(c) = current {
+        c.credit.end();
+    }
+}
+
+/// A protocol violation ends the tunnel: the open exchange's module sees it, or else the serve
+/// loop does.
+async fn fail(
+    current: Option<&Current>,
+    exchanges: &mpsc::Sender<Result<Exchange, Status>>,
+    violation: FrameOrderError,
+) {
+    match current.filter(|c| !c.finished()) {
+        Some(c) => drop(c.tx.send(Err(violation.into()))),
+        None => drop(exchanges.send(Err(violation.into())).await),
+    }
 }
 
 impl TunnelRequest {
@@ -157,13 +234,30 @@ impl TunnelRequest {
             None => Err(Status::cancelled("kas ended the tunnel before CloseSend")),
             Some(Err(status)) => Err(status),
             Some(Ok(Inbound::Message(data, _read_ahead))) => Ok(Some(data)),
-            Some(Ok(Inbound::CloseSend)) => Ok(None),
+            Some(Ok(Inbound::CloseSend)) => {
+                self.close_send_seen = true;
+                Ok(None)
+            }
         }
     }
 
-    /// Waits until kas ends the tunnel, discarding request frames.
+    /// Waits until kas ends the tunnel (or starts the next exchange on it), discarding request
+    /// frames: after CloseSend, the sign that the caller is gone.
     pub async fn finish(&mut self) {
         while let Some(Ok(_)) = self.inbound.recv().await {}
+    }
+
+    /// Reads (and discards) the rest of the request up to its CloseSend; `false` when the tunnel
+    /// ended first. The exchange is then over on agentk's side if its response ended too.
+    pub async fn drain_to_close_send(&mut self) -> bool {
+        while !self.close_send_seen {
+            match self.next_message().await {
+                Ok(Some(_)) => {}
+                Ok(None) => return true,
+                Err(_) => return false,
+            }
+        }
+        true
     }
 
     /// Exactly one body message followed by CloseSend (unary calls).
@@ -234,6 +328,11 @@ impl Responder {
                 () = self.outbound.closed() => return Err(Status::cancelled("tunnel closed")),
             }
         }
+    }
+
+    /// Whether this response has ended (Trailer or Error sent).
+    pub fn is_done(&self) -> bool {
+        self.order.lock().unwrap_or_else(std::sync::PoisonError::into_inner).is_done()
     }
 
     pub async fn trailer(&self, metadata: HashMap<String, pb::MetadataValues>) -> Result<(), Status> {

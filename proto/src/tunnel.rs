@@ -1,6 +1,8 @@
 //! The reverse tunnel: generated types and the frame-order state machine.
 //!
-//! One tunnel (one `Connect` stream) carries exactly one request:
+//! One tunnel (one `Connect` stream) carries one request at a time; a tunnel whose Descriptor
+//! says `reusable` may carry the next one after an exchange ended cleanly
+//! ([`FrameOrder::is_finished`]), each exchange checked by a fresh [`FrameOrder`]:
 //!
 //! ```text
 //! agentk -> kas:  Descriptor  ...............  Header  Message*  (Trailer | Error)
@@ -161,6 +163,12 @@ impl FrameOrder {
     /// The response has ended (Trailer or Error).
     pub fn is_done(&self) -> bool {
         self.response == ResponseState::Done
+    }
+
+    /// The exchange ended cleanly in both directions (CloseSend and Trailer or Error): a
+    /// reusable tunnel may carry the next one, with a fresh [`FrameOrder::after_descriptor`].
+    pub fn is_finished(&self) -> bool {
+        self.response == ResponseState::Done && self.request == RequestState::Closed
     }
 }
 

@@ -26,6 +26,7 @@ pub const WAITING_REQUESTS: &str = "kas_waiting_requests";
 pub const BUILD_INFO: &str = "kas_build_info";
 pub const GITLAB_REQUESTS: &str = "kas_gitlab_requests_total";
 pub const AUTH_FAILURES: &str = "kas_auth_failures_total";
+pub const TUNNELS_REUSED: &str = "kas_tunnels_reused_total";
 
 /// How a routed request ended (the `outcome` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,6 +94,7 @@ fn describe() {
         "Other kas marked down or up again by this kas, by state (down, up)"
     );
     metrics::describe_counter!(REGISTRY_OPERATIONS, "Registry operations, by operation");
+    metrics::describe_counter!(TUNNELS_REUSED, "agentk tunnels that carried another request after one ended cleanly");
     metrics::describe_counter!(REGISTRY_ERRORS, "Registry operations that failed (e.g. Redis errors), by operation");
     metrics::describe_gauge!(CONNECTIONS, "Agent connections (GetConfiguration streams) held by this kas");
     metrics::describe_gauge!(IDLE_TUNNELS, "Idle tunnels held by this kas");
@@ -141,6 +143,11 @@ pub fn set_tunnel_gauges(stats: &TunnelStats) {
     metrics::gauge!(CONNECTIONS).set(stats.connections as f64);
     metrics::gauge!(IDLE_TUNNELS).set(stats.idle_tunnels as f64);
     metrics::gauge!(WAITING_REQUESTS).set(stats.waiting_requests as f64);
+}
+
+/// An agentk tunnel went back to the idle pool after an exchange.
+pub fn tunnel_reused() {
+    metrics::counter!(TUNNELS_REUSED).increment(1);
 }
 
 pub fn gitlab_request(outcome: &'static str) {

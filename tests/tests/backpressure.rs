@@ -215,6 +215,7 @@ async fn serve_with_credit(agent_listener: std::net::SocketAddr, token: String, 
         connection_id: 77,
         methods: vec![kas_proto::kubernetes_api::METHOD.into()],
         response_credit: true,
+        reusable: false,
     }))
     .await
     .unwrap();

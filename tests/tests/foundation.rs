@@ -351,6 +351,7 @@ async fn out_of_order_tunnel_frames_are_rejected_without_a_panic() {
         methods: vec![kas_proto::get_pods::METHOD.into()],
         // An agentk that predates response credit.
         response_credit: false,
+        reusable: false,
     });
     let (tx, r) = raw_tunnel(&c, descriptor).await;
     let mut inbound = r.expect("tunnel accepted");

@@ -73,8 +73,12 @@ async fn new_agent_connections_are_rate_limited_but_tunnels_are_not() {
     // Tunnels do not count: many can still be opened.
     for _ in 0..5 {
         let (tx, rx) = mpsc::channel(2);
-        let descriptor =
-            Descriptor { connection_id: 1, methods: vec![kas_proto::get_pods::METHOD.into()], response_credit: false };
+        let descriptor = Descriptor {
+            connection_id: 1,
+            methods: vec![kas_proto::get_pods::METHOD.into()],
+            response_credit: false,
+            reusable: false,
+        };
         tx.send(ConnectRequest::descriptor(descriptor)).await.unwrap();
         client.connect(authorized(ReceiverStream::new(rx), &token)).await.expect("tunnels are not rate limited");
         drop(tx);

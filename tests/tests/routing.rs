@@ -291,6 +291,7 @@ async fn routing_metadata_and_credentials_never_reach_agentk() {
         methods: vec![kas_proto::get_pods::METHOD.into()],
         // An agentk that predates response credit.
         response_credit: false,
+        reusable: false,
     }))
     .await
     .unwrap();

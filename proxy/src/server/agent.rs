@@ -238,7 +238,7 @@ impl AgentTunnel for AgentService {
         }
         let (tx, rx) = mpsc::channel(TUNNEL_SEND_BUFFER);
         let (io, closed) = TunnelIo::local(tx, inbound.boxed(), order, descriptor.response_credit);
-        self.tunnels.register(agent.agent_id, connection_id, descriptor.methods, io, closed);
+        self.tunnels.register(agent.agent_id, connection_id, descriptor.methods, io, closed, descriptor.reusable);
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 }

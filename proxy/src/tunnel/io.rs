@@ -4,6 +4,7 @@
 //! tell the difference.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use bytes::Bytes;
@@ -109,13 +110,52 @@ pub struct TunnelSender {
 }
 
 /// What lives as long as either half of a tunnel: the "done" signal for the tunnel registry
-/// and the concurrency permits of the request using it.
+/// and the concurrency permits of the request using it. When both halves are gone after an
+/// exchange that ended cleanly, a reusable agentk tunnel goes back to the registry from here.
 struct Lifetime {
     _done: DropGuard,
     permits: Mutex<Vec<tokio::sync::OwnedSemaphorePermit>>,
     /// Set when the request side failed (e.g. the caller's body broke): the response side stops.
     aborted: CancellationToken,
     abort_reason: Mutex<Option<KasError>>,
+    order: SharedOrder,
+    /// This side ended the stream with a status (`Outbound::fail`): never reused.
+    failed: AtomicBool,
+    /// The response stream after the response ended, kept for the next exchange.
+    rest: Mutex<Option<BoxStream<'static, Result<ConnectRequest, Status>>>>,
+    /// Set for an agentk tunnel whose Descriptor says `reusable`.
+    reuse: Mutex<Option<Reuse>>,
+}
+
+/// What a reusable agentk tunnel needs to be registered again.
+pub(super) struct Reuse {
+    pub registry: super::TunnelRegistry,
+    pub agent_id: kas_proto::AgentId,
+    pub connection_id: kas_proto::ConnectionId,
+    pub methods: Vec<String>,
+    pub to_agent: ToAgent,
+    pub response_credit: bool,
+}
+
+impl Drop for Lifetime {
+    fn drop(&mut self) {
+        let Some(rest) = self.rest.get_mut().unwrap_or_else(PoisonError::into_inner).take() else { return };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let reuse = self.reuse.get_mut().unwrap_or_else(PoisonError::into_inner).take();
+        let finished = !*self.failed.get_mut() && !self.aborted.is_cancelled() && lock(&self.order).is_finished();
+        match reuse {
+            Some(r) if finished && !r.to_agent.is_closed() => {
+                crate::metrics::tunnel_reused();
+                let (io, closed) = TunnelIo::local(r.to_agent, rest, FrameOrder::after_descriptor(), r.response_credit);
+                r.registry.register(r.agent_id, r.connection_id, r.methods, io, closed, true);
+            }
+            // Not reusable, or the exchange did not end cleanly: the stream ends (kas's side is
+            // dropped with this tunnel) and agentk's side is read to its end, not reset.
+            _ => {
+                runtime.spawn(read_to_end(rest));
+            }
+        }
+    }
 }
 
 /// Receives response frames (Header, Message, Trailer | Error).
@@ -141,7 +181,7 @@ impl std::fmt::Debug for TunnelIo {
 
 /// Resolves when agentk went away or the tunnel was used and dropped.
 pub struct ClosedSignal {
-    to_agent: ToAgent,
+    pub(super) to_agent: ToAgent,
     done: CancellationToken,
 }
 
@@ -213,6 +253,10 @@ impl TunnelIo {
             permits: Mutex::default(),
             aborted: CancellationToken::new(),
             abort_reason: Mutex::default(),
+            order: order.clone(),
+            failed: AtomicBool::new(false),
+            rest: Mutex::default(),
+            reuse: Mutex::default(),
         });
         Self {
             sender: TunnelSender {
@@ -236,6 +280,13 @@ impl TunnelIo {
 
     pub fn is_closed(&self) -> bool {
         self.sender.out.is_closed()
+    }
+
+    /// Lets this agentk tunnel carry another exchange once this one ended cleanly (agentk's
+    /// Descriptor said `reusable`); it then registers itself again when both halves are dropped.
+    pub(super) fn enable_reuse(&self, mut reuse: Reuse) {
+        reuse.response_credit = self.sender.takes_window_updates;
+        *self.sender._lifetime.reuse.lock().unwrap_or_else(PoisonError::into_inner) = Some(reuse);
     }
 
     /// Keeps concurrency permits until the tunnel (both halves) is dropped: a streaming request
@@ -299,6 +350,7 @@ impl TunnelSender {
     /// (which cancels the API server request) and the receiving side stops with an error.
     /// `error` is what the caller sees (e.g. OUT_OF_RANGE for a message over the limit).
     pub fn abort(&self, error: KasError) {
+        self._lifetime.failed.store(true, Ordering::Release);
         self.out.fail(Status::cancelled(error.to_string()));
         *self._lifetime.abort_reason.lock().unwrap_or_else(PoisonError::into_inner) = Some(error);
         self._lifetime.aborted.cancel();
@@ -355,6 +407,7 @@ impl TunnelReceiver {
             Some(Ok(frame)) => frame,
         };
         if let Err(violation) = check(&self.order, |o| frame.kind().and_then(|kind| o.response(kind))) {
+            self._lifetime.failed.store(true, Ordering::Release);
             self.out.fail(violation.clone().into());
             tracing::warn!(error = %violation, "agentk broke the tunnel protocol");
             return Err(KasError::Tunnel(violation.to_string()));
@@ -363,10 +416,16 @@ impl TunnelReceiver {
             self.last_message = m.data.len();
         }
         if lock(&self.order).is_done() {
-            // The response ended; the stream's own end (agentk's END_STREAM, the gateway's
-            // gRPC trailers) follows at once and is read elsewhere (see `read_to_end`).
+            // The response ended. A reusable tunnel's stream carries the next exchange: the
+            // lifetime keeps it until both halves are gone. Otherwise its own end (agentk's
+            // END_STREAM, the gateway's gRPC trailers) follows at once and is read elsewhere
+            // (see `read_to_end`).
             let rest = std::mem::replace(&mut self.from, futures::stream::empty().boxed());
-            tokio::spawn(read_to_end(rest));
+            if self._lifetime.reuse.lock().unwrap_or_else(PoisonError::into_inner).is_some() {
+                *self._lifetime.rest.lock().unwrap_or_else(PoisonError::into_inner) = Some(rest);
+            } else {
+                tokio::spawn(read_to_end(rest));
+            }
         }
         Ok(frame.msg)
     }
@@ -377,6 +436,7 @@ impl TunnelReceiver {
     }
 
     fn abort(&self, why: &str) -> KasError {
+        self._lifetime.failed.store(true, Ordering::Release);
         self.out.fail(Status::invalid_argument(why.to_owned()));
         KasError::Tunnel(why.to_owned())
     }

@@ -113,7 +113,8 @@ impl TunnelRegistry {
         rx.await.map_err(|_| Stopped)
     }
 
-    /// Adds an idle tunnel; it is removed again when agentk goes away (`closed`).
+    /// Adds an idle tunnel; it is removed again when agentk goes away (`closed`). A `reusable`
+    /// tunnel (agentk's Descriptor) registers itself again after each exchange that ended cleanly.
     pub fn register(
         &self,
         agent_id: AgentId,
@@ -121,7 +122,18 @@ impl TunnelRegistry {
         methods: Vec<String>,
         io: TunnelIo,
         closed: ClosedSignal,
+        reusable: bool,
     ) {
+        if reusable {
+            io.enable_reuse(io::Reuse {
+                registry: self.clone(),
+                agent_id,
+                connection_id,
+                methods: methods.clone(),
+                to_agent: closed.to_agent.clone(),
+                response_credit: false,
+            });
+        }
         let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let tunnel = IdleTunnel { agent_id, connection_id, methods, io, id, since: tokio::time::Instant::now() };
         if self.tx.send(Command::Register(tunnel)).is_err() {

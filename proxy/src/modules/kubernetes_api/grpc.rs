@@ -50,7 +50,7 @@ pub async fn make_kubernetes_request(
         let _pump = &pump;
         match first {
             Ok((head, exchange)) => futures::stream::once(async move { Ok(HttpFrame::response_head(head)) })
-                .chain(exchange.into_body_stream().map(|chunk| chunk.map(HttpFrame::body).map_err(Status::from)))
+                .chain(exchange.into_body_stream(None).map(|chunk| chunk.map(HttpFrame::body).map_err(Status::from)))
                 .boxed(),
             Err(status) => futures::stream::once(async move { Err(status) }).boxed(),
         }

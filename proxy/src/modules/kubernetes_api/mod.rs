@@ -105,11 +105,19 @@ impl Exchange {
         }
     }
 
+    /// Reads the response's end when it has no body (see [`read_end`]).
+    pub async fn read_end(&mut self) -> Result<(), KasError> {
+        read_end(&mut self.receiver).await
+    }
+
     /// The response body (or, after a 101, the bytes of the upgraded connection) as it arrives.
     /// An error item means the response was cut short: the caller must abort, not finish it.
-    pub fn into_body_stream(self) -> impl Stream<Item = Result<Bytes, KasError>> + Send + 'static {
-        futures::stream::unfold(Some(self.receiver), |receiver| async move {
-            let mut receiver = receiver?;
+    /// `length`: the body's `Content-Length`, after which an HTTP server stops reading the
+    /// stream: its last chunk is held back until the response's end (Trailer) is read, so the
+    /// exchange ends cleanly and the tunnel can be reused.
+    pub fn into_body_stream(self, length: Option<u64>) -> impl Stream<Item = Result<Bytes, KasError>> + Send + 'static {
+        futures::stream::unfold(Some((self.receiver, length)), |state| async move {
+            let (mut receiver, mut remaining) = state?;
             loop {
                 match receiver.recv().await {
                     Ok(Some(connect_request::Msg::Message(m))) => match decode(m.data) {
@@ -118,9 +126,13 @@ impl Exchange {
                                 continue;
                             }
                             metrics::proxied_bytes("response", chunk.len());
+                            remaining = remaining.map(|r| r.saturating_sub(chunk.len() as u64));
+                            if remaining == Some(0) {
+                                return Some((read_end(&mut receiver).await.map(|()| chunk), None));
+                            }
                             // The chunk holds only its own message's bytes (`flow::OwnedDecoder`),
                             // not tonic's receive buffer, however long the caller leaves it unwritten.
-                            return Some((Ok(chunk), Some(receiver)));
+                            return Some((Ok(chunk), Some((receiver, remaining))));
                         }
                         Ok(_) => {
                             return Some((Err(KasError::Tunnel("unexpected frame in the response body".into())), None));
@@ -137,6 +149,23 @@ impl Exchange {
                 }
             }
         })
+    }
+}
+
+/// Reads the response's end (Trailer) after the whole body arrived; an Error frame or more body
+/// is an error.
+pub async fn read_end(receiver: &mut TunnelReceiver) -> Result<(), KasError> {
+    loop {
+        match receiver.recv().await? {
+            Some(connect_request::Msg::Trailer(_)) => return Ok(()),
+            Some(connect_request::Msg::Error(e)) => return Err(agent_error(e)),
+            Some(connect_request::Msg::Message(m)) => match decode(m.data)? {
+                http_frame::Frame::Body(chunk) if chunk.is_empty() => {}
+                _ => return Err(KasError::Tunnel("agentk sent more than the response's Content-Length".into())),
+            },
+            Some(_) => {}
+            None => return Err(KasError::Tunnel("agentk closed the tunnel mid-response".into())),
+        }
     }
 }
 

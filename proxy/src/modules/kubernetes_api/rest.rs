@@ -207,6 +207,7 @@ async fn proxy_inner(
     request.headers_mut().remove(http::header::AUTHORIZATION);
     let path = proxied_path(&params, request.uri());
     let upgrade = is_upgrade(request.headers());
+    let is_head = request.method() == http::Method::HEAD;
     let progress = request.extensions().get::<crate::server::rest::serve::WriteProgress>().cloned();
     // Taken before the body: after a 101 this is the caller's connection, as raw bytes.
     let on_upgrade = if upgrade { request.extensions_mut().remove::<hyper::upgrade::OnUpgrade>() } else { None };
@@ -263,9 +264,25 @@ async fn proxy_inner(
     let status = response_status(head.status)?;
     let mut headers = headers_from_proto(&head.headers);
     strip_hop_by_hop(&mut headers, false);
+    // hyper stops reading a body once its length is sent (and never reads one a HEAD, 204 or
+    // 304 cannot have): the stream then reads the response's end itself, so the exchange ends
+    // cleanly and agentk's tunnel can carry the next request.
+    let length = if is_head || matches!(status.as_u16(), 204 | 304) {
+        Some(0)
+    } else {
+        headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+    };
+    if length == Some(0) {
+        exchange.read_end().await?;
+        let mut response = Response::new(Body::empty());
+        *response.status_mut() = status;
+        *response.headers_mut() = headers;
+        response.extensions_mut().insert(OwnErrorFormat);
+        return Ok(response);
+    }
     // The request pump lives as long as the response body: a caller that goes away (the body is
     // dropped) ends both, which cancels the request in agentk.
-    let body = exchange.into_body_stream().map(move |chunk| {
+    let body = exchange.into_body_stream(length).map(move |chunk| {
         let _pump = &request_pump;
         chunk.map_err(|e| {
             tracing::warn!(error = %e, "Kubernetes API response aborted");
@@ -360,7 +377,7 @@ async fn respond_upgrade(
     if !switching {
         // The API server refused the upgrade (e.g. 403): pass its answer through.
         let _ = sender.send(kas_proto::tunnel::pb::ConnectResponse::close_send()).await;
-        let body = exchange.into_body_stream().map(|c| c.map_err(|e| std::io::Error::other(e.public_message())));
+        let body = exchange.into_body_stream(None).map(|c| c.map_err(|e| std::io::Error::other(e.public_message())));
         *response.body_mut() = Body::from_stream(body);
         return Ok(response);
     }
@@ -379,7 +396,7 @@ async fn respond_upgrade(
         // caller -> agentk; ends with CloseSend when the caller closes its side.
         let _up = pump_body(sender, ReaderStream::new(read));
         // agentk -> caller, until the API server closes (or the tunnel breaks).
-        let mut down = std::pin::pin!(exchange.into_body_stream());
+        let mut down = std::pin::pin!(exchange.into_body_stream(None));
         while let Some(chunk) = down.next().await {
             let Ok(chunk) = chunk else { break };
             if write.write_all(&chunk).await.is_err() {
