@@ -273,8 +273,12 @@ impl TunnelRequest {
 
 impl Responder {
     async fn send(&self, frame: ConnectRequest, kind: ResponseFrame) -> Result<(), Status> {
+        // Room first, then the order check and the send with no await between: a send cancelled
+        // while waiting must not count as sent (the tunnel would look reusable).
+        let permit = self.outbound.reserve().await.map_err(|_| Status::cancelled("tunnel closed"))?;
         check(&self.order, |o| o.response(kind))?;
-        self.outbound.send(frame).await.map_err(|_| Status::cancelled("tunnel closed"))
+        permit.send(frame);
+        Ok(())
     }
 
     pub async fn header(&self, metadata: HashMap<String, pb::MetadataValues>) -> Result<(), Status> {

@@ -210,7 +210,12 @@ async fn cross_kas_routing_recovers_within_2s_of_redis_restarting_empty() {
         .await;
     c.kube.add_pod("default", "p");
     let _a = c.start_agentk(1, 0, "agentk-0").await;
-    c.api(1).get_pods(get_pods(1, 0)).await.expect("routed via kas 0 before the restart");
+    // Not a request through kas 1 yet: kas 1 would remember for a second where the agent is
+    // (the router's peer locations) and route without Redis instead of parking.
+    eventually!(
+        matches!(c.api(1).connected_agents_by_id(ConnectedAgentsByIdRequest { agent_id: 1 }).await, Ok(r) if r.get_ref().agents.len() == 1),
+        "kas 1 sees the agent on kas 0"
+    );
 
     c.redis.as_mut().unwrap().stop().await;
     // Both kas notice the outage (their registry calls fail).

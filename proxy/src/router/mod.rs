@@ -51,6 +51,43 @@ pub struct Router {
     peers: Arc<Peers>,
     max_wait: Duration,
     limits: Arc<Limits>,
+    locations: Arc<PeerLocations>,
+}
+
+/// How long the first routing attempt trusts what the registry said about where an agent's
+/// connections are.
+const PEER_LOCATIONS_TTL: Duration = Duration::from_secs(1);
+/// More agents than this in the cache: it starts over (a bound, not a tuning knob).
+const PEER_LOCATIONS_MAX: usize = 100_000;
+
+/// Where other kas hold an agent's connections, as the registry said less than
+/// [`PEER_LOCATIONS_TTL`] ago: a request's first routing attempt reads this instead of asking
+/// the registry (a Redis round trip per request through a second kas). A stale entry costs at
+/// most a `NotHere` answer: any failed forward drops the agent's entry and the registry is asked
+/// again; waiting requests always ask the registry; an agent with no connections is not cached.
+/// Locked only for a lookup or an update, never across an await.
+#[derive(Default)]
+struct PeerLocations {
+    entries: std::sync::Mutex<std::collections::HashMap<AgentId, (Instant, Arc<[ConnectedAgentInfo]>)>>,
+}
+
+impl PeerLocations {
+    fn get(&self, agent_id: AgentId) -> Option<Arc<[ConnectedAgentInfo]>> {
+        let entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        entries.get(&agent_id).filter(|(at, _)| at.elapsed() < PEER_LOCATIONS_TTL).map(|(_, c)| c.clone())
+    }
+
+    fn put(&self, agent_id: AgentId, connections: Arc<[ConnectedAgentInfo]>) {
+        let mut entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if entries.len() >= PEER_LOCATIONS_MAX {
+            entries.clear();
+        }
+        entries.insert(agent_id, (Instant::now(), connections));
+    }
+
+    fn forget(&self, agent_id: AgentId) {
+        self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&agent_id);
+    }
 }
 
 /// Concurrency limits: per kas and per agent. Permits are taken before routing (waiting
@@ -103,6 +140,15 @@ impl Limits {
     }
 }
 
+/// Where the routing kas looks for an agent's connections on other kas.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lookup {
+    /// What the registry said a moment ago, if anything.
+    Cached,
+    /// The registry itself.
+    Fresh,
+}
+
 /// Where a call must go.
 #[derive(Debug, Clone)]
 pub struct Target {
@@ -147,7 +193,7 @@ impl Router {
         max_wait: Duration,
     ) -> Self {
         let limits = Arc::new(Limits::new(DEFAULT_MAX_CONCURRENT_REQUESTS, DEFAULT_MAX_CONCURRENT_REQUESTS_PER_AGENT));
-        Self { tunnels, registry, peers, max_wait, limits }
+        Self { tunnels, registry, peers, max_wait, limits, locations: Arc::default() }
     }
 
     /// Sets the concurrency limits (per kas, per agent).
@@ -207,7 +253,7 @@ impl Router {
         if let Some(t) = self.tunnels.find_now(target.query()).await.map_err(|_| KasError::ShuttingDown)? {
             return Ok(self.routed(target, t.io, RouteOutcome::Local, started));
         }
-        if let Some(io) = self.try_peers(target, deadline).await? {
+        if let Some(io) = self.try_peers(target, deadline, Lookup::Cached).await? {
             return Ok(self.routed(target, io, RouteOutcome::Peer, started));
         }
         if target.wait_only_if_seen && !self.seen_recently(target.agent_id).await {
@@ -241,7 +287,7 @@ impl Router {
                     true
                 }
             };
-            if rescan && let Some(io) = self.try_peers(target, deadline).await? {
+            if rescan && let Some(io) = self.try_peers(target, deadline, Lookup::Fresh).await? {
                 return Ok(self.routed(target, io, RouteOutcome::Waited, started));
             }
         }
@@ -268,29 +314,70 @@ impl Router {
     }
 
     /// Connections of the agent held by other live kas instances, in random order (spreads load
-    /// across replicas).
-    async fn peer_candidates(&self, target: &Target) -> Vec<ConnectedAgentInfo> {
-        let own = &self.registry.instance().instance_id;
-        let mut candidates: Vec<ConnectedAgentInfo> = match self.registry.connections_by_agent_id(target.agent_id).await
-        {
-            Ok(all) => all
-                .into_iter()
-                .filter(|c| &c.kas_instance_id != own)
-                .filter(|c| target.connection_id.is_any() || c.connection_id == target.connection_id.0)
-                .collect(),
-            Err(e) => {
-                // Redis down: local routing still works; remote agents are unreachable for now.
-                tracing::warn!(agent_id = %target.agent_id, error = %e, "registry lookup failed");
-                Vec::new()
-            }
+    /// across replicas), and whether they came from [`PeerLocations`].
+    async fn peer_candidates(&self, target: &Target, lookup: Lookup) -> (Vec<ConnectedAgentInfo>, bool) {
+        let cached = match lookup {
+            Lookup::Cached => self.locations.get(target.agent_id),
+            Lookup::Fresh => None,
         };
+        let from_cache = cached.is_some();
+        let all = match cached {
+            Some(all) => all,
+            None => match self.registry.connections_by_agent_id(target.agent_id).await {
+                Ok(all) => {
+                    let all: Arc<[ConnectedAgentInfo]> = all.into();
+                    if all.is_empty() {
+                        self.locations.forget(target.agent_id);
+                    } else {
+                        self.locations.put(target.agent_id, all.clone());
+                    }
+                    all
+                }
+                Err(e) => {
+                    // Redis down: local routing still works; remote agents are unreachable for now.
+                    tracing::warn!(agent_id = %target.agent_id, error = %e, "registry lookup failed");
+                    Arc::from(Vec::new())
+                }
+            },
+        };
+        let own = &self.registry.instance().instance_id;
+        let mut candidates: Vec<ConnectedAgentInfo> = all
+            .iter()
+            .filter(|c| &c.kas_instance_id != own)
+            .filter(|c| target.connection_id.is_any() || c.connection_id == target.connection_id.0)
+            .cloned()
+            .collect();
         candidates.shuffle(&mut rand::rng());
-        candidates
+        (candidates, from_cache)
     }
 
-    /// Tries each peer holding a connection of the agent; `None` if none could take it.
-    async fn try_peers(&self, target: &Target, deadline: Instant) -> Result<Option<TunnelIo>, KasError> {
-        for candidate in self.peer_candidates(target).await {
+    /// Tries each peer holding a connection of the agent; `None` if none could take it. When the
+    /// candidates came from the cache and none took it, the registry is asked once more.
+    async fn try_peers(
+        &self,
+        target: &Target,
+        deadline: Instant,
+        lookup: Lookup,
+    ) -> Result<Option<TunnelIo>, KasError> {
+        let (candidates, from_cache) = self.peer_candidates(target, lookup).await;
+        if let Some(io) = self.try_candidates(target, deadline, candidates).await? {
+            return Ok(Some(io));
+        }
+        if !from_cache {
+            return Ok(None);
+        }
+        self.locations.forget(target.agent_id);
+        let (candidates, _) = self.peer_candidates(target, Lookup::Fresh).await;
+        self.try_candidates(target, deadline, candidates).await
+    }
+
+    async fn try_candidates(
+        &self,
+        target: &Target,
+        deadline: Instant,
+        candidates: Vec<ConnectedAgentInfo>,
+    ) -> Result<Option<TunnelIo>, KasError> {
+        for candidate in candidates {
             let wait = deadline.saturating_duration_since(Instant::now());
             if wait.is_zero() {
                 break;
@@ -298,15 +385,18 @@ impl Router {
             match self.peers.open(&candidate, &target.method, wait).await {
                 Ok(io) => return Ok(Some(io)),
                 Err(PeerError::NotHere) => {
+                    self.locations.forget(target.agent_id);
                     crate::metrics::peer_error("not_here");
                     tracing::debug!(agent_id = %target.agent_id, connection_id = candidate.connection_id, "peer does not hold the connection");
                 }
                 Err(PeerError::Down) => {
+                    self.locations.forget(target.agent_id);
                     // Logged once per state change by `Peers`; the next connection is tried.
                     crate::metrics::peer_error("down");
                     tracing::debug!(agent_id = %target.agent_id, kas = %candidate.kas_instance_id, "peer kas down; skipped");
                 }
                 Err(PeerError::Unavailable(e)) => {
+                    self.locations.forget(target.agent_id);
                     crate::metrics::peer_error("unavailable");
                     tracing::warn!(agent_id = %target.agent_id, kas = %candidate.kas_instance_id, error = %e, "peer kas unavailable");
                 }

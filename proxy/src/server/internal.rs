@@ -39,6 +39,9 @@ fn hop_target(md: &MetadataMap) -> Result<Target, KasError> {
 }
 
 /// routing kas -> agentk: request frames, in order, until CloseSend or the routing kas leaves.
+/// How long the request side of a relayed exchange may go on after its response ended.
+const RELAY_END_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 async fn pipe_requests(from_routing: &mut Streaming<ConnectResponse>, to_agent: TunnelSender) {
     loop {
         match from_routing.next().await {
@@ -132,14 +135,24 @@ impl KasInternal for InternalService {
                 let responses_ended = responses_ended.clone();
                 async move {
                     let mut from_routing = from_routing;
-                    tokio::select! {
-                        () = pipe_requests(&mut from_routing, to_agent) => requests_ended.cancel(),
-                        () = responses_ended.cancelled() => {
-                            // The agent's tunnel is released (`to_agent` dropped with the pipe);
-                            // the routing kas's side is read to its end, not reset.
-                            crate::tunnel::read_to_end(from_routing).await;
+                    {
+                        let pipe = pipe_requests(&mut from_routing, to_agent);
+                        tokio::pin!(pipe);
+                        tokio::select! {
+                            () = &mut pipe => {
+                                requests_ended.cancel();
+                                return;
+                            }
+                            () = responses_ended.cancelled() => {}
                         }
+                        // The response ended: what the routing kas still sends (its CloseSend,
+                        // following at once) goes on to agentk, so that the exchange ends cleanly
+                        // and agentk's tunnel can be reused. Then the agent's tunnel is released
+                        // (`to_agent` dropped with the pipe).
+                        let _ = tokio::time::timeout(RELAY_END_WAIT, &mut pipe).await;
                     }
+                    // The routing kas's side is read to its end, not reset.
+                    crate::tunnel::read_to_end(from_routing).await;
                 }
             },
             span,

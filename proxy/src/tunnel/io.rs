@@ -32,13 +32,6 @@ enum Outbound {
 }
 
 impl Outbound {
-    async fn send(&self, frame: ConnectResponse) -> Result<(), ()> {
-        match self {
-            Self::Agent(tx) => tx.send(Ok(frame)).await.map_err(|_| ()),
-            Self::Peer(tx) => tx.send(frame).await.map_err(|_| ()),
-        }
-    }
-
     /// Ends the tunnel with a status. Towards a peer the stream is simply dropped (a client
     /// cannot send a status); the gateway then drops the agent's tunnel.
     fn fail(&self, status: Status) {
@@ -365,9 +358,14 @@ impl TunnelSender {
             }
             _ => {}
         }
+        // Room first, then the order check and the send with no await between: a send cancelled
+        // while waiting for room must not count as sent (a reusable tunnel would otherwise be
+        // put back believing agentk got a CloseSend it never got).
+        let permit = self.out.reserve().await.map_err(|()| KasError::Tunnel("the tunnel closed".into()))?;
         check(&self.order, |o| frame.kind().and_then(|kind| o.request(kind)))
             .map_err(|e| KasError::InvalidArgument(e.to_string()))?;
-        self.out.send(frame).await.map_err(|()| KasError::Tunnel("the tunnel closed".into()))
+        permit.send(frame);
+        Ok(())
     }
 }
 
