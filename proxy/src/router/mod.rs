@@ -68,8 +68,11 @@ const PEER_LOCATIONS_MAX: usize = 100_000;
 /// Locked only for a lookup or an update, never across an await.
 #[derive(Default)]
 struct PeerLocations {
-    entries: std::sync::Mutex<std::collections::HashMap<AgentId, (Instant, Arc<[ConnectedAgentInfo]>)>>,
+    entries: std::sync::Mutex<std::collections::HashMap<AgentId, Located>>,
 }
+
+/// When the registry was asked, and what it said.
+type Located = (Instant, Arc<[ConnectedAgentInfo]>);
 
 impl PeerLocations {
     fn get(&self, agent_id: AgentId) -> Option<Arc<[ConnectedAgentInfo]>> {
