@@ -466,7 +466,7 @@ impl Bound {
             verifier: JwtVerifier::gitlab(&gitlab_secret)
                 .with_max_lifetime(config.auth.jwt_max_lifetime)
                 .for_listener("rest"),
-            config: config.rest.clone(),
+            config: config.rest.clone().into(),
             callers,
         };
         // HTTP/1.1 and HTTP/2, upgrades, optional TLS; on shutdown it stops accepting and lets

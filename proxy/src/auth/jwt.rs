@@ -57,8 +57,9 @@ struct Claims {
 
 #[derive(Clone)]
 pub struct JwtVerifier {
-    key: DecodingKey,
-    validation: Validation,
+    // Shared: the verifier is cloned into every request's handler state.
+    key: Arc<DecodingKey>,
+    validation: Arc<Validation>,
     issuer: &'static str,
     audience: &'static str,
     max_lifetime: Duration,
@@ -80,8 +81,8 @@ impl JwtVerifier {
         validation.leeway = LEEWAY_SECS;
         validation.validate_nbf = true;
         Self {
-            key: DecodingKey::from_secret(secret.bytes()),
-            validation,
+            key: Arc::new(DecodingKey::from_secret(secret.bytes())),
+            validation: Arc::new(validation),
             issuer,
             audience,
             max_lifetime: DEFAULT_JWT_MAX_LIFETIME,

@@ -21,7 +21,8 @@ pub struct RestState {
     pub router: Router,
     /// Verifies callers' JWTs (GitLab's: the api listener's rules).
     pub verifier: JwtVerifier,
-    pub config: RestConfig,
+    /// Shared: the state is cloned for every request.
+    pub config: std::sync::Arc<RestConfig>,
     /// Verifies the other callers of the Kubernetes API proxy (CI jobs, people).
     pub callers: crate::modules::kubernetes_api::callers::CallerVerifiers,
 }

@@ -41,8 +41,12 @@ fn fixture_with(config: RestConfig, max_wait: Duration) -> Fixture {
     let registry: Arc<dyn AgentRegistry> = Arc::new(MemoryRegistry::new(instance, timing));
     let secret = Secret::generate();
     let kas_router = Router::new(tunnels, registry.clone(), Arc::new(Peers::new(Secret::generate())), max_wait);
-    let state =
-        RestState { router: kas_router, verifier: JwtVerifier::gitlab(&secret), config, callers: Default::default() };
+    let state = RestState {
+        router: kas_router,
+        verifier: JwtVerifier::gitlab(&secret),
+        config: config.into(),
+        callers: Default::default(),
+    };
     let app = router(state, &crate::modules::all());
     Fixture { app, secret, registry, _stop: stop.drop_guard() }
 }
