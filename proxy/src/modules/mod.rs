@@ -10,6 +10,7 @@
 pub mod configuration;
 pub mod connected_agents;
 pub mod get_pods;
+pub mod gitops;
 pub mod kubernetes_api;
 
 use utoipa_axum::router::OpenApiRouter;

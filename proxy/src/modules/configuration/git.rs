@@ -21,11 +21,11 @@ pub fn config_path(agent_name: &str) -> String {
 
 /// Opens a repository with none of the machine's or user's Git configuration (no credential
 /// helpers, no URL rewrites): kas's behaviour must not depend on the host.
-pub(super) fn open(repository: &Path) -> Result<gix::Repository, KasError> {
+pub(crate) fn open(repository: &Path) -> Result<gix::Repository, KasError> {
     gix::open_opts(repository, gix::open::Options::isolated()).map_err(|e| unavailable(repository, "cannot open", &e))
 }
 
-pub(super) fn unavailable(repository: &Path, what: &str, e: &(dyn std::error::Error + 'static)) -> KasError {
+pub(crate) fn unavailable(repository: &Path, what: &str, e: &(dyn std::error::Error + 'static)) -> KasError {
     KasError::GitUnavailable(format!("configuration repository {}: {what}: {}", repository.display(), describe(e)))
 }
 
