@@ -169,7 +169,7 @@ pub fn check_full_path(path: &str) -> Result<(), String> {
 }
 
 /// A Kubernetes namespace name (an RFC 1123 label).
-fn check_namespace(name: &str) -> Result<(), String> {
+pub(crate) fn check_namespace(name: &str) -> Result<(), String> {
     let valid = !name.is_empty()
         && name.len() <= 63
         && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')

@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::RepositoryLocation;
-use super::access::check_full_path;
+use super::access::{check_full_path, check_namespace};
 
 /// At most this many `paths` per manifest project (as the reference).
 pub const MAX_PATHS: usize = 100;
@@ -206,15 +206,6 @@ fn compile_glob(glob: &str) -> Result<globset::Glob, String> {
         .backslash_escape(true)
         .build()
         .map_err(|e| format!("\"{glob}\" is not a valid glob: {}", e.kind()))
-}
-
-fn check_namespace(name: &str) -> Result<(), String> {
-    let valid = !name.is_empty()
-        && name.len() <= 63
-        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !name.starts_with('-')
-        && !name.ends_with('-');
-    if valid { Ok(()) } else { Err(format!("\"{name}\" is not a namespace name (lower-case RFC 1123 label)")) }
 }
 
 impl GitRefDocument {
