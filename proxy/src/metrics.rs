@@ -26,7 +26,7 @@ pub const WAITING_REQUESTS: &str = "kas_waiting_requests";
 pub const BUILD_INFO: &str = "kas_build_info";
 pub const GITLAB_REQUESTS: &str = "kas_gitlab_requests_total";
 pub const AUTH_FAILURES: &str = "kas_auth_failures_total";
-pub const TUNNELS_REUSED: &str = "kas_tunnels_reused_total";
+pub use crate::tunnel::TUNNELS_REUSED;
 
 /// How a routed request ended (the `outcome` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,11 +143,6 @@ pub fn set_tunnel_gauges(stats: &TunnelStats) {
     metrics::gauge!(CONNECTIONS).set(stats.connections as f64);
     metrics::gauge!(IDLE_TUNNELS).set(stats.idle_tunnels as f64);
     metrics::gauge!(WAITING_REQUESTS).set(stats.waiting_requests as f64);
-}
-
-/// An agentk tunnel went back to the idle pool after an exchange.
-pub fn tunnel_reused() {
-    metrics::counter!(TUNNELS_REUSED).increment(1);
 }
 
 pub fn gitlab_request(outcome: &'static str) {

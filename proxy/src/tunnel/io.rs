@@ -138,7 +138,7 @@ impl Drop for Lifetime {
         let finished = !*self.failed.get_mut() && !self.aborted.is_cancelled() && lock(&self.order).is_finished();
         match reuse {
             Some(r) if finished && !r.to_agent.is_closed() => {
-                crate::metrics::tunnel_reused();
+                metrics::counter!(super::TUNNELS_REUSED).increment(1);
                 let (io, closed) = TunnelIo::local(r.to_agent, rest, FrameOrder::after_descriptor(), r.response_credit);
                 r.registry.register(r.agent_id, r.connection_id, r.methods, io, closed, true);
             }

@@ -20,6 +20,10 @@ pub use io::{
     ClosedSignal, ToAgent, ToPeer, TunnelIo, TunnelReceiver, TunnelSender, UnaryResponse, agent_error, read_to_end,
 };
 
+/// Counter of agentk tunnels put back into the idle pool after an exchange (described with
+/// kas's other metrics).
+pub const TUNNELS_REUSED: &str = "kas_tunnels_reused_total";
+
 /// What a request needs from a tunnel.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TunnelQuery {

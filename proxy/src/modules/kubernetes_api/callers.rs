@@ -18,6 +18,7 @@ use kas_proto::impersonation::Impersonation;
 
 use crate::agent::AgentIdentity;
 use crate::agent::access::UserAccessAs as StaticUserAccessAs;
+use crate::auth::JwtVerifier;
 use crate::auth::StaticAgents;
 use crate::auth::gitlab::caller_access::{
     AllowedAgent, AllowedAgentsForJob, AuthorizeProxyUserResponse, CallerAccess, CiAccessAs, ProxyUserAccessType,
@@ -26,7 +27,6 @@ use crate::auth::gitlab::caller_access::{
 use crate::auth::static_users::{STATIC_USER_TOKEN_PREFIX, StaticUser, StaticUsers};
 use crate::error::KasError;
 use crate::modules::configuration::ConfigurationSource;
-use crate::server::rest::state::RestState;
 
 /// What verifies callers other than GitLab's JWT (each `None` when this kas cannot).
 #[derive(Clone, Default)]
@@ -103,7 +103,8 @@ impl<'a> Credential<'a> {
 /// Authenticates the caller of a request for `agent_id` and decides who agentk acts as: `None`
 /// is agentk's own service account.
 pub async fn authorize(
-    state: &RestState,
+    jwt: &JwtVerifier,
+    verifiers: &CallerVerifiers,
     authorization: Option<&str>,
     agent_id: AgentId,
 ) -> Result<Option<Impersonation>, KasError> {
@@ -115,11 +116,11 @@ pub async fn authorize(
     }
     match credential {
         Credential::Jwt(token) => {
-            state.verifier.verify_authorization(Some(&format!("Bearer {token}")))?;
+            jwt.verify_authorization(Some(&format!("Bearer {token}")))?;
             Ok(None)
         }
         Credential::CiJob { token, .. } => {
-            let gitlab = state.callers.gitlab.as_ref().ok_or_else(|| {
+            let gitlab = verifiers.gitlab.as_ref().ok_or_else(|| {
                 KasError::Unauthenticated(
                     "CI job tokens need kas in GitLab mode (gitlab.address): only GitLab can verify them".into(),
                 )
@@ -128,7 +129,7 @@ pub async fn authorize(
             ci_job_access(&job, agent_id)
         }
         Credential::PersonalAccessToken { token, .. } => {
-            let gitlab = state.callers.gitlab.as_ref().ok_or_else(|| {
+            let gitlab = verifiers.gitlab.as_ref().ok_or_else(|| {
                 KasError::Unauthenticated(
                     "personal access tokens need kas in GitLab mode (gitlab.address): only GitLab can verify them"
                         .into(),
@@ -138,7 +139,7 @@ pub async fn authorize(
             user_access(&user, ProxyUserAccessType::PersonalAccessToken)
         }
         Credential::StaticUser(token) => {
-            let callers = state.callers.users.as_ref().ok_or_else(|| {
+            let callers = verifiers.users.as_ref().ok_or_else(|| {
                 KasError::Unauthenticated(
                     "this kas has no users file (auth.users_file): kas user tokens are not accepted".into(),
                 )

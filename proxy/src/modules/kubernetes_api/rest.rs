@@ -203,7 +203,7 @@ async fn proxy_inner(
 ) -> Result<Response, KasError> {
     let agent_id = agent_id_param(&params)?;
     let authorization = request.headers().get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-    let impersonation = callers::authorize(state, authorization, agent_id).await?;
+    let impersonation = callers::authorize(&state.verifier, &state.callers, authorization, agent_id).await?;
     request.headers_mut().remove(http::header::AUTHORIZATION);
     let path = proxied_path(&params, request.uri());
     let upgrade = is_upgrade(request.headers());
