@@ -457,3 +457,39 @@ pub async fn read_to_end<T, E>(mut rest: impl futures::Stream<Item = Result<T, E
 fn stream_error(status: Status) -> KasError {
     KasError::Tunnel(format!("tunnel stream failed: {}", status.message()))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A tunnel as kas holds it after agentk's Descriptor: the channel to agentk (capacity 1)
+    /// and what agentk sends.
+    fn tunnel() -> (TunnelIo, mpsc::Receiver<Result<ConnectResponse, Status>>) {
+        let (to_agent, from_kas) = mpsc::channel(1);
+        let mut order = FrameOrder::new();
+        order.response(kas_proto::tunnel::ResponseFrame::Descriptor).unwrap();
+        let (io, _closed) = TunnelIo::local(to_agent, futures::stream::pending().boxed(), order, true);
+        (io, from_kas)
+    }
+
+    /// The kas -> kas 502s of issue 14: a send cancelled while it waited for room must not count
+    /// as sent, or a reused tunnel believes agentk got a CloseSend it never got.
+    #[tokio::test]
+    async fn a_send_cancelled_while_waiting_for_room_is_not_counted() {
+        let (io, mut from_kas) = tunnel();
+        let (sender, _receiver) = io.split();
+        sender.send(ConnectResponse::request_info(pb::RequestInfo::default())).await.unwrap();
+        // The channel is full now: CloseSend waits for room, and gives up.
+        let waited = tokio::time::timeout(Duration::from_millis(50), sender.send(ConnectResponse::close_send())).await;
+        assert!(waited.is_err(), "the send should still be waiting for room");
+        assert!(!lock(&sender.order).is_finished() && !format!("{:?}", lock(&sender.order)).contains("Closed"));
+        // Once there is room, CloseSend goes out and is counted.
+        assert!(from_kas.recv().await.is_some());
+        sender.send(ConnectResponse::close_send()).await.unwrap();
+        assert!(format!("{:?}", lock(&sender.order)).contains("Closed"), "{:?}", lock(&sender.order));
+        let frame = from_kas.recv().await.unwrap().unwrap();
+        assert!(matches!(frame.msg, Some(connect_response::Msg::CloseSend(_))));
+    }
+}
