@@ -140,7 +140,7 @@ impl Drop for Lifetime {
             Some(r) if finished && !r.to_agent.is_closed() => {
                 metrics::counter!(super::TUNNELS_REUSED).increment(1);
                 let (io, closed) = TunnelIo::local(r.to_agent, rest, FrameOrder::after_descriptor(), r.response_credit);
-                r.registry.register(r.agent_id, r.connection_id, r.methods, io, closed, true);
+                r.registry.register_again(r.agent_id, r.connection_id, r.methods, io, closed);
             }
             // Not reusable, or the exchange did not end cleanly: the stream ends (kas's side is
             // dropped with this tunnel) and agentk's side is read to its end, not reset.

@@ -65,7 +65,7 @@ enum Command {
     ConnectionUp { agent_id: AgentId, connection_id: ConnectionId, reply: oneshot::Sender<bool> },
     ConnectionDown { agent_id: AgentId, connection_id: ConnectionId },
     HasConnection { agent_id: AgentId, connection_id: ConnectionId, reply: oneshot::Sender<bool> },
-    Register(IdleTunnel),
+    Register { tunnel: IdleTunnel, again: bool },
     Remove { agent_id: AgentId, id: u64 },
     Find { query: TunnelQuery, reply: oneshot::Sender<IdleTunnel> },
     FindNow { query: TunnelQuery, reply: oneshot::Sender<Option<IdleTunnel>> },
@@ -128,6 +128,33 @@ impl TunnelRegistry {
         closed: ClosedSignal,
         reusable: bool,
     ) {
+        self.add(agent_id, connection_id, methods, io, closed, reusable, false);
+    }
+
+    /// A reused tunnel back from an exchange: kept only while its connection is still held here
+    /// (after the connection went down, idle tunnels of it are not handed out again).
+    fn register_again(
+        &self,
+        agent_id: AgentId,
+        connection_id: ConnectionId,
+        methods: Vec<String>,
+        io: TunnelIo,
+        closed: ClosedSignal,
+    ) {
+        self.add(agent_id, connection_id, methods, io, closed, true, true);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn add(
+        &self,
+        agent_id: AgentId,
+        connection_id: ConnectionId,
+        methods: Vec<String>,
+        io: TunnelIo,
+        closed: ClosedSignal,
+        reusable: bool,
+        again: bool,
+    ) {
         if reusable {
             io.enable_reuse(io::Reuse {
                 registry: self.clone(),
@@ -140,7 +167,7 @@ impl TunnelRegistry {
         }
         let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let tunnel = IdleTunnel { agent_id, connection_id, methods, io, id, since: tokio::time::Instant::now() };
-        if self.tx.send(Command::Register(tunnel)).is_err() {
+        if self.tx.send(Command::Register { tunnel, again }).is_err() {
             return; // shutting down: dropping the tunnel ends it
         }
         let tx = self.tx.clone();
@@ -212,7 +239,13 @@ impl State {
                     .is_some_and(|s| if connection_id.is_any() { !s.is_empty() } else { s.contains(&connection_id) });
                 let _ = reply.send(has);
             }
-            Command::Register(tunnel) => self.offer(tunnel),
+            Command::Register { tunnel, again } => {
+                let held = self.connections.get(&tunnel.agent_id).is_some_and(|s| s.contains(&tunnel.connection_id));
+                if again && !held {
+                    return; // its connection went down meanwhile: dropping the tunnel ends it
+                }
+                self.offer(tunnel);
+            }
             Command::Remove { agent_id, id } => {
                 if let Some(list) = self.idle.get_mut(&agent_id) {
                     list.retain(|t| t.id != id);
@@ -319,4 +352,41 @@ async fn run(mut rx: mpsc::UnboundedReceiver<Command>, shutdown: CancellationTok
         }
     }
     // Dropping the state ends every idle tunnel and fails every parked request.
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::StreamExt;
+    use kas_proto::tunnel::FrameOrder;
+    use tokio::sync::mpsc;
+
+    use super::*;
+
+    fn tunnel()
+    -> (TunnelIo, ClosedSignal, mpsc::Receiver<Result<kas_proto::tunnel::pb::ConnectResponse, tonic::Status>>) {
+        let (to_agent, from_kas) = mpsc::channel(1);
+        let mut order = FrameOrder::new();
+        order.response(kas_proto::tunnel::ResponseFrame::Descriptor).unwrap();
+        let (io, closed) = TunnelIo::local(to_agent, futures::stream::pending().boxed(), order, true);
+        (io, closed, from_kas)
+    }
+
+    /// A tunnel back from an exchange is kept only while its connection is held here: after
+    /// the connection went down (a rolling restart), it is not handed out again.
+    #[tokio::test]
+    async fn a_reused_tunnel_of_a_connection_that_went_down_is_dropped() {
+        let registry = TunnelRegistry::spawn(CancellationToken::new(), Duration::from_secs(60));
+        let (agent, connection) = (AgentId(1), ConnectionId(7));
+        assert!(registry.connection_up(agent, connection).await.unwrap());
+        let (io, closed, _kept) = tunnel();
+        registry.register_again(agent, connection, vec!["m".into()], io, closed);
+        assert_eq!(registry.stats().await.unwrap().idle_tunnels, 1);
+        registry.connection_down(agent, connection);
+        assert_eq!(registry.stats().await.unwrap().idle_tunnels, 0, "the connection's idle tunnels end with it");
+        let (io, closed, mut dropped) = tunnel();
+        registry.register_again(agent, connection, vec!["m".into()], io, closed);
+        assert_eq!(registry.stats().await.unwrap().idle_tunnels, 0);
+        // Dropped, so the stream to agentk ends.
+        assert!(dropped.recv().await.is_none());
+    }
 }
