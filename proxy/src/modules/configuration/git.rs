@@ -21,17 +21,17 @@ pub fn config_path(agent_name: &str) -> String {
 
 /// Opens a repository with none of the machine's or user's Git configuration (no credential
 /// helpers, no URL rewrites): kas's behaviour must not depend on the host.
-pub(crate) fn open(repository: &Path) -> Result<gix::Repository, KasError> {
+pub(super) fn open(repository: &Path) -> Result<gix::Repository, KasError> {
     gix::open_opts(repository, gix::open::Options::isolated()).map_err(|e| unavailable(repository, "cannot open", &e))
 }
 
-pub(crate) fn unavailable(repository: &Path, what: &str, e: &(dyn std::error::Error + 'static)) -> KasError {
+pub(super) fn unavailable(repository: &Path, what: &str, e: &(dyn std::error::Error + 'static)) -> KasError {
     KasError::GitUnavailable(format!("configuration repository {}: {what}: {}", repository.display(), describe(e)))
 }
 
 /// An error and its innermost cause (e.g. "Transport handshake failed: invalid peer
 /// certificate: UnknownIssuer"): the middle of gitoxide's chains only repeats them.
-pub(super) fn describe(e: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn describe(e: &(dyn std::error::Error + 'static)) -> String {
     let mut innermost = e;
     while let Some(next) = innermost.source() {
         innermost = next;
@@ -150,6 +150,16 @@ pub(crate) mod tests {
             git(dir.path(), &["init", "-q", "--bare", "--initial-branch=main", "config.git"]);
             git(dir.path(), &["init", "-q", "--initial-branch=main", "work"]);
             Self { bare, work, _dir: dir }
+        }
+
+        /// Tags the work tree's HEAD (`annotated`: with a tag object) and pushes the tag.
+        pub fn tag(&self, name: &str, annotated: bool) {
+            if annotated {
+                git(&self.work, &["tag", "-a", "-m", "release", name]);
+            } else {
+                git(&self.work, &["tag", name]);
+            }
+            git(&self.work, &["push", "-q", self.bare.to_str().unwrap(), &format!("refs/tags/{name}")]);
         }
 
         /// Commits `content` at `path` and pushes; returns the commit id.

@@ -9,9 +9,9 @@ use std::path::Path;
 use bytes::Bytes;
 use serde::Deserialize;
 
-use crate::agent::gitops::ManifestProjectDocument;
+use crate::agent::gitops::{ManifestProjectDocument, ManifestRef};
 use crate::error::KasError;
-use crate::modules::configuration::git::{open, unavailable};
+use crate::modules::configuration::git::describe;
 
 /// Bounds on what one commit of a manifest project may hold (the and the reference's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,8 +57,41 @@ pub struct ManifestObject {
     pub object: serde_json::Value,
 }
 
+/// Opens a repository with none of the machine's or user's Git configuration.
+fn open(repository: &Path) -> Result<gix::Repository, KasError> {
+    gix::open_opts(repository, gix::open::Options::isolated()).map_err(|e| unavailable(repository, "cannot open", &e))
+}
+
+/// The repository could not be read (transient: the next poll tries again).
+fn unavailable(repository: &Path, what: &str, e: &(dyn std::error::Error + 'static)) -> KasError {
+    KasError::GitUnavailable(format!("manifest repository {}: {what}: {}", repository.display(), describe(e)))
+}
+
 fn invalid(project: &str, commit: &str, problem: String) -> KasError {
     KasError::InvalidAgentConfiguration(format!("manifest project {project} at commit {commit}: {problem}"))
+}
+
+/// The commit a manifest project's ref points to in a repository on this machine (kas's mirror
+/// of a remote one, or a local one): a branch, a tag (annotated tags peeled), a commit that must
+/// exist, or the default branch (`HEAD`). Blocking.
+pub fn resolve_ref(repository: &Path, manifest_ref: &ManifestRef) -> Result<String, KasError> {
+    let repo = open(repository)?;
+    let name = match manifest_ref {
+        ManifestRef::DefaultBranch => "HEAD".to_owned(),
+        ManifestRef::Branch(b) => format!("refs/heads/{b}"),
+        ManifestRef::Tag(t) => format!("refs/tags/{t}"),
+        ManifestRef::Commit(c) => {
+            let id = gix::ObjectId::from_hex(c.as_bytes()).map_err(|e| unavailable(repository, "bad commit id", &e))?;
+            let found =
+                repo.find_commit(id).map_err(|e| unavailable(repository, &format!("cannot find commit {c}"), &e))?;
+            return Ok(found.id.to_string());
+        }
+    };
+    let mut reference =
+        repo.find_reference(name.as_str()).map_err(|e| unavailable(repository, &format!("cannot find {name}"), &e))?;
+    let commit =
+        reference.peel_to_commit().map_err(|e| unavailable(repository, &format!("cannot resolve {name}"), &e))?;
+    Ok(commit.id.to_string())
 }
 
 /// The files of `project` at `commit` (40 hex digits) that its globs match, in path order.
@@ -249,6 +282,32 @@ mod tests {
             [("", "ConfigMap", "other", "cm"), ("", "Service", "prod", "web"), ("apps", "Deployment", "prod", "web")]
         );
         assert_eq!(objects[2].object["spec"]["replicas"], 1);
+    }
+
+    #[test]
+    fn refs_resolve_to_their_commits() {
+        let repo = TestRepo::new();
+        let first = repo.commit("a.yaml", DEPLOYMENT.as_bytes());
+        repo.tag("v1", true);
+        repo.tag("light", false);
+        let second = repo.commit("a.yaml", b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n");
+        for (r, expected) in [
+            (ManifestRef::DefaultBranch, &second),
+            (ManifestRef::Branch("main".into()), &second),
+            (ManifestRef::Tag("v1".into()), &first),
+            (ManifestRef::Tag("light".into()), &first),
+            (ManifestRef::Commit(first.clone()), &first),
+        ] {
+            assert_eq!(&resolve_ref(&repo.bare, &r).unwrap(), expected, "{r:?}");
+        }
+        for r in [
+            ManifestRef::Branch("nope".into()),
+            ManifestRef::Tag("v9".into()),
+            ManifestRef::Commit("0123456789abcdef0123456789abcdef01234567".into()),
+        ] {
+            let e = resolve_ref(&repo.bare, &r).unwrap_err();
+            assert_eq!(e.grpc_code(), tonic::Code::Unavailable, "{r:?}: {e}");
+        }
     }
 
     #[test]
