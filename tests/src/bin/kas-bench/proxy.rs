@@ -627,6 +627,9 @@ async fn run_paths(rounds: usize, report: &mut String) -> Result<(), Unavailable
     }
 
     write_paths_report(&targets, rounds, report);
+    // agentk before kas (a Vec drops front to back): agentk would otherwise log the kas it
+    // loses at the end as a failure.
+    procs.reverse();
     drop((procs, upstream_proc, redis));
     Ok(())
 }
@@ -880,6 +883,6 @@ async fn kubectl_get_pods() -> Result<String, Unavailable> {
         via.as_secs_f64() / direct.as_secs_f64()
     );
     terminator.abort();
-    drop((kas, agentk));
+    drop((agentk, kas));
     Ok(text)
 }
