@@ -43,6 +43,11 @@ pub mod kubernetes_api {
 pub mod http;
 
 /// `kas.get_pods.v1`: the agentk half of GetPods.
+/// GitOps: agentk pulls the objects of its manifest projects.
+pub mod gitops {
+    pub use crate::pb::kas::gitops::v1::*;
+}
+
 pub mod get_pods {
     pub use crate::pb::kas::get_pods::v1::*;
 

@@ -400,9 +400,17 @@ impl Bound {
         if let Err(e) = registry.heartbeat().await {
             tracing::warn!(error = %e, "first registry heartbeat failed; retrying periodically");
         }
+        let git = configurations.clone();
         let configurations: Arc<dyn ConfigurationSource> = configurations;
         let mut services = GrpcServices::default();
-        let context = ModuleContext { router: router.clone(), agent_tokens: verifier.clone() };
+        let context = ModuleContext {
+            router: router.clone(),
+            agent_tokens: verifier.clone(),
+            configurations: configurations.clone(),
+            git,
+            poll_period: config.agents.configuration_poll_period,
+            gitlab_mode: config.gitlab.address.is_some(),
+        };
         for module in &modules {
             module.grpc_services(&context, &mut services);
         }

@@ -72,6 +72,10 @@ pub enum KasError {
     /// A concurrency limit was reached (the message names it).
     #[error("{0}")]
     ResourceExhausted(String),
+    /// The caller named something that does not exist (e.g. a manifest project the agent's
+    /// configuration does not list).
+    #[error("{0}")]
+    NotFound(String),
     /// A bug or an unexpected local failure. The detail is logged, never returned.
     #[error("internal error: {0}")]
     Internal(String),
@@ -101,6 +105,7 @@ impl KasError {
             Self::ShuttingDown => (Code::Unavailable, S::SERVICE_UNAVAILABLE),
             Self::ResourceExhausted(_) => (Code::ResourceExhausted, S::TOO_MANY_REQUESTS),
             Self::Internal(_) => (Code::Internal, S::INTERNAL_SERVER_ERROR),
+            Self::NotFound(_) => (Code::NotFound, S::NOT_FOUND),
         }
     }
 

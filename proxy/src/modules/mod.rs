@@ -56,6 +56,14 @@ pub struct ModuleContext {
     pub router: crate::router::Router,
     /// Verifies agent tokens (for services on the agent listener).
     pub agent_tokens: std::sync::Arc<dyn crate::auth::TokenVerifier>,
+    /// Agents' current configuration documents.
+    pub configurations: std::sync::Arc<dyn configuration::ConfigurationSource>,
+    /// Git repositories read as configurations are (mirrors, shared polls, token bucket).
+    pub git: std::sync::Arc<configuration::AgentConfigurations>,
+    /// How often repositories are polled (`agents.configuration_poll_period`).
+    pub poll_period: std::time::Duration,
+    /// kas verifies agents with GitLab (`gitlab.address`).
+    pub gitlab_mode: bool,
 }
 
 /// gRPC services per listener. Services on the api and internal listeners run behind the
@@ -75,5 +83,6 @@ pub fn all() -> Vec<Box<dyn Module>> {
         Box::new(get_pods::GetPods),
         Box::new(kubernetes_api::KubernetesApi),
         Box::new(configuration::Configuration),
+        Box::new(gitops::Gitops),
     ]
 }

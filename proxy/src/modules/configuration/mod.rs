@@ -64,8 +64,9 @@ impl AgentConfigurations {
         })
     }
 
-    /// The commit `repository`'s branch points to, and the directory to read it from.
-    async fn resolve(&self, repository: &GitRepository) -> Result<(PathBuf, String), KasError> {
+    /// The commit `repository`'s branch points to, and the directory to read it from (shared
+    /// polls, the token bucket, kas's mirror for remote repositories).
+    pub async fn resolve(&self, repository: &GitRepository) -> Result<(PathBuf, String), KasError> {
         let key: [u8; 32] = Sha256::digest(format!("{:?}", repository)).into();
         let commit = self
             .commits
