@@ -402,10 +402,14 @@ impl Bound {
         }
         let git = configurations.clone();
         let configurations: Arc<dyn ConfigurationSource> = configurations;
+        let agent_auth = Arc::new(crate::auth::agent_auth::AgentAuthenticator::new(
+            verifier,
+            &config.auth.failed_agent_authentications,
+        ));
         let mut services = GrpcServices::default();
         let context = ModuleContext {
             router: router.clone(),
-            agent_tokens: verifier.clone(),
+            agent_auth: agent_auth.clone(),
             configurations: configurations.clone(),
             git,
             poll_period: config.agents.configuration_poll_period,
@@ -419,7 +423,7 @@ impl Bound {
             services;
 
         let agent_service = AgentService {
-            verifier,
+            auth: agent_auth,
             configurations,
             configuration_poll_period: config.agents.configuration_poll_period,
             registry: registry.clone(),
@@ -427,7 +431,6 @@ impl Bound {
             shutdown: shutdown.clone(),
             max_connection_age: config.agent_connections.max_age,
             connections_per_minute: config.limits.agent_connections_per_minute,
-            auth_failures: Arc::new(crate::server::agent::AuthFailures::new(&config.auth.failed_agent_authentications)),
         };
         // Every listener: capped connections, a handshake deadline, TCP keepalive.
         let limits = ConnectionLimits {

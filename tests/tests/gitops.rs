@@ -113,3 +113,27 @@ async fn objects_of_each_new_commit_reach_the_agent_and_mistakes_name_the_file()
     let e = client.get_objects_to_synchronize(kas_e2e::authorized(request(""), "not-a-token")).await.unwrap_err();
     assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
 }
+
+/// GitOps is a service on the agent listener like the presence stream, and shares its bound on
+/// failed agent authentications per peer: guessing tokens through it is no cheaper.
+#[tokio::test]
+async fn failed_authentications_through_gitops_count_against_the_peer() {
+    let c = Cluster::builder()
+        .configure(|config, _| {
+            config.auth.failed_agent_authentications.burst = 2;
+            config.auth.failed_agent_authentications.per_second = 1;
+        })
+        .start()
+        .await;
+    let mut client = GitopsAgentClient::new(channel(c.kas[0].addresses.agent));
+    let request = || ObjectsToSynchronizeRequest { project_id: "p".into(), ..Default::default() };
+    for _ in 0..2 {
+        let e = client.get_objects_to_synchronize(kas_e2e::authorized(request(), "guess")).await.unwrap_err();
+        assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+    }
+    let e = client.get_objects_to_synchronize(kas_e2e::authorized(request(), "guess")).await.unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    // The same peer's presence stream, even with the right token, waits for the bound too.
+    let e = c.open_configuration(1, "").await.unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+}

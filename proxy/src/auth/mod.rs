@@ -1,6 +1,7 @@
 //! Authentication: secrets, JWT (api and internal listeners), agent tokens (agent listener:
 //! the static agents file, or GitLab in GitLab mode).
 
+pub mod agent_auth;
 pub mod agent_token;
 pub mod failures;
 pub mod gitlab;

@@ -54,8 +54,8 @@ pub trait Module: Send + Sync {
 pub struct ModuleContext {
     /// The one router of agent-bound calls (local tunnel, peer kas, or wait).
     pub router: crate::router::Router,
-    /// Verifies agent tokens (for services on the agent listener).
-    pub agent_tokens: std::sync::Arc<dyn crate::auth::TokenVerifier>,
+    /// Authenticates agentk on the agent listener (tokens, failed attempts bounded per peer).
+    pub agent_auth: std::sync::Arc<crate::auth::agent_auth::AgentAuthenticator>,
     /// Agents' current configuration documents.
     pub configurations: std::sync::Arc<dyn configuration::ConfigurationSource>,
     /// Git repositories read as configurations are (mirrors, shared polls, token bucket).
@@ -68,7 +68,7 @@ pub struct ModuleContext {
 
 /// gRPC services per listener. Services on the api and internal listeners run behind the
 /// listener's JWT check; services on the agent listener authenticate the agent themselves
-/// ([`ModuleContext::agent_tokens`]).
+/// ([`ModuleContext::agent_auth`]).
 #[derive(Default)]
 pub struct GrpcServices {
     pub agent: tonic::service::RoutesBuilder,

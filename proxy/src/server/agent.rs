@@ -14,8 +14,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::auth::failures::{FailureLimitConfig, FailureLimiter, FailureLog};
-use crate::auth::{AgentIdentity, TokenVerifier};
+use crate::auth::agent_auth::AgentAuthenticator;
 use crate::error::KasError;
 use crate::modules::configuration::ConfigurationSource;
 use crate::registry::AgentRegistry;
@@ -28,7 +27,6 @@ const DESCRIPTOR_TIMEOUT: Duration = Duration::from_secs(10);
 const TUNNEL_SEND_BUFFER: usize = kas_proto::flow::HOP_BUFFER;
 
 pub struct AgentService {
-    pub verifier: Arc<dyn TokenVerifier>,
     pub configurations: Arc<dyn ConfigurationSource>,
     /// How often an open presence stream re-reads the configuration (jittered ±10 %).
     pub configuration_poll_period: Duration,
@@ -40,59 +38,13 @@ pub struct AgentService {
     /// New presence streams per agent per minute (tunnels do not count).
     pub connections_per_minute: u64,
     /// Failed agent-token authentications: counted, logged (rate-limited), bounded per peer.
-    pub auth_failures: Arc<AuthFailures>,
-}
-
-/// The agent listener's refused authentications (see [`crate::auth::failures`]).
-#[derive(Debug)]
-pub struct AuthFailures {
-    limiter: FailureLimiter,
-    log: FailureLog,
-}
-
-impl AuthFailures {
-    pub fn new(config: &FailureLimitConfig) -> Self {
-        Self { limiter: FailureLimiter::new(config), log: FailureLog::new("agent") }
-    }
+    /// Agent tokens, with failed attempts bounded per peer (shared with the features' agent
+    /// services).
+    pub auth: Arc<AgentAuthenticator>,
 }
 
 /// The window of the agent connection rate limit.
 const CONNECTION_RATE_WINDOW: Duration = Duration::from_secs(60);
-
-impl AgentService {
-    /// Verifies the agent token, unless this peer has used up its failed attempts: then it is
-    /// refused at once, unverified (no GitLab request). Only failures count against the peer.
-    async fn authenticate<T>(&self, request: &Request<T>) -> Result<AgentIdentity, Status> {
-        let peer = request.remote_addr().map(|a| a.ip());
-        let failures = &self.auth_failures;
-        if let Err(e) = failures.limiter.check(peer) {
-            failures.log.record(peer, "rate_limited");
-            return Err(Status::resource_exhausted(format!("{e} (auth.failed_agent_authentications)")));
-        }
-        let Some(token) = kas_proto::metadata::bearer_token(super::authorization(request.metadata())) else {
-            failures.limiter.failed(peer);
-            failures.log.record(peer, "missing_token");
-            return Err(Status::unauthenticated(
-                "missing agent token: expected \"authorization: Bearer <agent token>\"",
-            ));
-        };
-        match self.verifier.verify(token).await {
-            Ok(agent) => Ok(agent),
-            Err(e) => {
-                // GitLab unreachable or rate-limited is not the caller's failure.
-                if let Some(reason) = match &e {
-                    KasError::Unauthenticated(_) => Some("invalid_token"),
-                    KasError::PermissionDenied(_) => Some("permission_denied"),
-                    _ => None,
-                } {
-                    failures.limiter.failed(peer);
-                    failures.log.record(peer, reason);
-                }
-                Err(e.into())
-            }
-        }
-    }
-}
 
 /// `period` ± 10 %, so presence streams opened together do not poll together (Git) or end
 /// together (maximum connection age).
@@ -113,7 +65,7 @@ impl AgentTunnel for AgentService {
         &self,
         request: Request<ConfigurationRequest>,
     ) -> Result<Response<Self::GetConfigurationStream>, Status> {
-        let agent = self.authenticate(&request).await?;
+        let agent = self.auth.authenticate(&request).await?;
         let req = request.into_inner();
         let connection_id = ConnectionId::from_wire("connection_id", req.connection_id).map_err(KasError::from)?;
         let agent_id = agent.agent_id;
@@ -218,7 +170,7 @@ impl AgentTunnel for AgentService {
         &self,
         request: Request<Streaming<ConnectRequest>>,
     ) -> Result<Response<Self::ConnectStream>, Status> {
-        let agent = self.authenticate(&request).await?;
+        let agent = self.auth.authenticate(&request).await?;
         let mut inbound = request.into_inner();
         let first = match tokio::time::timeout(DESCRIPTOR_TIMEOUT, inbound.message()).await {
             Err(_) => return Err(Status::deadline_exceeded("no Descriptor received within 10s")),

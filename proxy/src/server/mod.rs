@@ -35,7 +35,7 @@ pub fn grpc_timeout(md: &MetadataMap) -> Option<Duration> {
 }
 
 /// The `authorization` value as text, if present and ASCII.
-pub(crate) fn authorization(md: &MetadataMap) -> Option<&str> {
+fn authorization(md: &MetadataMap) -> Option<&str> {
     md.get(kas_proto::metadata::AUTHORIZATION).and_then(|v| v.to_str().ok())
 }
 

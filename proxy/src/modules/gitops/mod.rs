@@ -21,7 +21,7 @@ use tonic::{Request, Response, Status};
 
 use crate::agent::gitops::{ManifestProjectDocument, ManifestRef};
 use crate::agent::{AgentIdentity, GitRepository, RepositoryLocation};
-use crate::auth::TokenVerifier;
+use crate::auth::agent_auth::AgentAuthenticator;
 use crate::error::KasError;
 use crate::modules::configuration::{AgentConfigurations, ConfigurationSource};
 use manifests::{ManifestLimits, ManifestObject};
@@ -39,7 +39,7 @@ impl super::Module for Gitops {
 
     fn grpc_services(&self, context: &super::ModuleContext, services: &mut super::GrpcServices) {
         let service = GitopsService {
-            tokens: context.agent_tokens.clone(),
+            auth: context.agent_auth.clone(),
             configurations: context.configurations.clone(),
             git: context.git.clone(),
             poll_period: context.poll_period,
@@ -50,7 +50,7 @@ impl super::Module for Gitops {
 }
 
 struct GitopsService {
-    tokens: Arc<dyn TokenVerifier>,
+    auth: Arc<AgentAuthenticator>,
     configurations: Arc<dyn ConfigurationSource>,
     git: Arc<AgentConfigurations>,
     poll_period: Duration,
@@ -168,16 +168,12 @@ impl GitopsAgent for GitopsService {
         &self,
         request: Request<ObjectsToSynchronizeRequest>,
     ) -> Result<Response<Self::GetObjectsToSynchronizeStream>, Status> {
-        let token =
-            kas_proto::metadata::bearer_token(crate::server::authorization(request.metadata())).ok_or_else(|| {
-                Status::unauthenticated("missing agent token: expected \"authorization: Bearer <agent token>\"")
-            })?;
-        let agent = self.tokens.verify(token).await?;
+        let agent = self.auth.authenticate(&request).await?;
         let request = request.into_inner();
         // Checked before the stream starts: a wrong project or ref is the caller's error.
         self.project(&agent, &request.project_id, &request.r#ref).await?;
         let service = GitopsService {
-            tokens: self.tokens.clone(),
+            auth: self.auth.clone(),
             configurations: self.configurations.clone(),
             git: self.git.clone(),
             poll_period: self.poll_period,
