@@ -414,6 +414,7 @@ impl Bound {
             git,
             poll_period: config.agents.configuration_poll_period,
             gitlab_mode: config.gitlab.address.is_some(),
+            shutdown: shutdown.clone(),
         };
         for module in &modules {
             module.grpc_services(&context, &mut services);

@@ -137,3 +137,29 @@ async fn failed_authentications_through_gitops_count_against_the_peer() {
     let e = c.open_configuration(1, "").await.unwrap_err();
     assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
 }
+
+/// A kas that shuts down ends its GitOps streams at once (agentk then asks another kas from its
+/// last commit) instead of holding the shutdown for its grace period (5 s here).
+#[tokio::test]
+async fn streams_end_when_kas_shuts_down() {
+    let repo = GitRepo::new();
+    repo.commit("app.yaml", APP.as_bytes());
+    let config = format!("gitops:\n  manifest_projects:\n    - id: {}\n", repo.bare.display());
+    let mut c = Cluster::builder()
+        .agent_configuration(1, AgentConfigDocument::parse(&config).unwrap())
+        .configure(|config, _| config.agents.configuration_poll_period = Duration::from_millis(100))
+        .start()
+        .await;
+    let request = ObjectsToSynchronizeRequest { project_id: repo.bare.display().to_string(), ..Default::default() };
+    let mut client = GitopsAgentClient::new(channel(c.kas[0].addresses.agent));
+    let token = c.agent(1).token.clone();
+    let mut stream =
+        client.get_objects_to_synchronize(kas_e2e::authorized(request, &token)).await.unwrap().into_inner();
+    next_commit(&mut stream).await.unwrap();
+    let kas = c.kas.remove(0);
+    let started = std::time::Instant::now();
+    kas.stop().await;
+    assert!(started.elapsed() < Duration::from_secs(3), "kas took {:?} to stop", started.elapsed());
+    let end = tokio::time::timeout(kas_e2e::EVENTUALLY_TIMEOUT, stream.message()).await.unwrap();
+    assert!(!matches!(end, Ok(Some(_))), "{end:?}");
+}

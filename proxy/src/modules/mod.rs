@@ -64,6 +64,8 @@ pub struct ModuleContext {
     pub poll_period: std::time::Duration,
     /// kas verifies agents with GitLab (`gitlab.address`).
     pub gitlab_mode: bool,
+    /// kas is shutting down: long-lived streams end (agentk reconnects to another kas).
+    pub shutdown: tokio_util::sync::CancellationToken,
 }
 
 /// gRPC services per listener. Services on the api and internal listeners run behind the

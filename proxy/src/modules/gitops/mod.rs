@@ -17,6 +17,7 @@ use kas_proto::gitops::objects_to_synchronize_response::{Header, Message, Object
 use kas_proto::gitops::{ObjectsToSynchronizeRequest, ObjectsToSynchronizeResponse};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use crate::agent::gitops::{ManifestProjectDocument, ManifestRef};
@@ -44,6 +45,7 @@ impl super::Module for Gitops {
             git: context.git.clone(),
             poll_period: context.poll_period,
             gitlab_mode: context.gitlab_mode,
+            shutdown: context.shutdown.clone(),
         };
         services.agent.add_service(GitopsAgentServer::new(service));
     }
@@ -55,6 +57,7 @@ struct GitopsService {
     git: Arc<AgentConfigurations>,
     poll_period: Duration,
     gitlab_mode: bool,
+    shutdown: CancellationToken,
 }
 
 /// The ref of a manifest project as the request names it.
@@ -178,6 +181,7 @@ impl GitopsAgent for GitopsService {
             git: self.git.clone(),
             poll_period: self.poll_period,
             gitlab_mode: self.gitlab_mode,
+            shutdown: self.shutdown.clone(),
         };
         let (tx, rx) = mpsc::channel(4);
         tokio::spawn(async move {
@@ -210,6 +214,8 @@ impl GitopsAgent for GitopsService {
                 tokio::select! {
                     () = tokio::time::sleep(jitter) => {}
                     () = tx.closed() => return,
+                    // The stream ends cleanly; agentk asks another kas, from its last commit.
+                    () = service.shutdown.cancelled() => return,
                 }
             }
         });
