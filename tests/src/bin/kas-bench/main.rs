@@ -205,8 +205,11 @@ async fn main() {
         }
         return;
     }
+    // The workspace this program was built from, wherever it runs from; "-dirty" when the
+    // work tree had changes (the figures are then not of that commit).
     let commit = std::process::Command::new("git")
-        .args(["rev-parse", "--short", "HEAD"])
+        .args(["describe", "--always", "--dirty", "--abbrev=7"])
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
         .output()
         .ok()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
