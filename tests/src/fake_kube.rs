@@ -459,27 +459,50 @@ fn wants_table(headers: &HeaderMap) -> bool {
     headers.get_all("accept").iter().filter_map(|v| v.to_str().ok()).any(|v| v.contains("as=Table"))
 }
 
-/// A `meta.k8s.io/v1` Table of pods, the way the API server prints them for kubectl.
-fn pod_table(pods: &[Value], resource_version: &str) -> Value {
-    let rows: Vec<Value> = pods
+/// A `meta.k8s.io/v1` Table, the way the API server prints objects for kubectl: columns as
+/// (name, type, format), one row of cells per object.
+pub(crate) fn table(
+    columns: &[(&str, &str, &str)],
+    objects: &[Value],
+    cells: impl Fn(&Value) -> Value,
+    resource_version: &str,
+) -> Value {
+    let rows: Vec<Value> = objects
         .iter()
-        .map(|p| {
+        .map(|o| {
             json!({
-                "cells": [p["metadata"]["name"], "1/1", p["status"]["phase"].as_str().unwrap_or("Running"), 0, "1d"],
-                "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": p["metadata"]},
+                "cells": cells(o),
+                "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o["metadata"]},
             })
         })
         .collect();
-    let column = |name: &str, ty: &str, format: &str| json!({"name": name, "type": ty, "format": format, "description": "", "priority": 0});
+    let columns: Vec<Value> = columns
+        .iter()
+        .map(|(name, ty, format)| json!({"name": name, "type": ty, "format": format, "description": "", "priority": 0}))
+        .collect();
     json!({
         "kind": "Table", "apiVersion": "meta.k8s.io/v1",
         "metadata": {"resourceVersion": resource_version},
-        "columnDefinitions": [
-            column("Name", "string", "name"), column("Ready", "string", ""), column("Status", "string", ""),
-            column("Restarts", "integer", ""), column("Age", "string", ""),
-        ],
+        "columnDefinitions": columns,
         "rows": rows,
     })
+}
+
+/// A Table of pods.
+fn pod_table(pods: &[Value], resource_version: &str) -> Value {
+    let columns = [
+        ("Name", "string", "name"),
+        ("Ready", "string", ""),
+        ("Status", "string", ""),
+        ("Restarts", "integer", ""),
+        ("Age", "string", ""),
+    ];
+    table(
+        &columns,
+        pods,
+        |p| json!([p["metadata"]["name"], "1/1", p["status"]["phase"].as_str().unwrap_or("Running"), 0, "1d"]),
+        resource_version,
+    )
 }
 
 fn list_response(fake: &Shared, namespace: Option<&str>, headers: &HeaderMap) -> Response {

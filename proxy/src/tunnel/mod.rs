@@ -53,6 +53,17 @@ impl IdleTunnel {
     }
 }
 
+/// How a tunnel comes into the idle pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Added {
+    /// New, for one request (agentk's Descriptor does not say `reusable`).
+    Once,
+    /// New, and back after each exchange that ends cleanly.
+    Reusable,
+    /// Back from an exchange.
+    Again,
+}
+
 /// A counted snapshot, for readiness, metrics and tests.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TunnelStats {
@@ -128,7 +139,7 @@ impl TunnelRegistry {
         closed: ClosedSignal,
         reusable: bool,
     ) {
-        self.add(agent_id, connection_id, methods, io, closed, reusable, false);
+        self.add(agent_id, connection_id, methods, io, closed, if reusable { Added::Reusable } else { Added::Once });
     }
 
     /// A reused tunnel back from an exchange: kept only while its connection is still held here
@@ -141,10 +152,9 @@ impl TunnelRegistry {
         io: TunnelIo,
         closed: ClosedSignal,
     ) {
-        self.add(agent_id, connection_id, methods, io, closed, true, true);
+        self.add(agent_id, connection_id, methods, io, closed, Added::Again);
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn add(
         &self,
         agent_id: AgentId,
@@ -152,10 +162,10 @@ impl TunnelRegistry {
         methods: Vec<String>,
         io: TunnelIo,
         closed: ClosedSignal,
-        reusable: bool,
-        again: bool,
+        added: Added,
     ) {
-        if reusable {
+        let again = added == Added::Again;
+        if added != Added::Once {
             io.enable_reuse(io::Reuse {
                 registry: self.clone(),
                 agent_id,

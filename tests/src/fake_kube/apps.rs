@@ -115,31 +115,25 @@ pub(super) fn selects(selector: &[(String, String)], object: &Value) -> bool {
 
 /// A `meta.k8s.io/v1` Table of deployments, with the columns `kubectl get deployments` shows.
 pub(super) fn table(deployments: &[Value], resource_version: &str) -> Value {
-    let rows: Vec<Value> = deployments
-        .iter()
-        .map(|d| {
-            let s = &d["status"];
-            let n = |v: &Value| v.as_i64().unwrap_or(0);
-            json!({
-                "cells": [
-                    d["metadata"]["name"],
-                    format!("{}/{}", n(&s["readyReplicas"]), n(&d["spec"]["replicas"])),
-                    n(&s["updatedReplicas"]), n(&s["availableReplicas"]), "0s",
-                ],
-                "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": d["metadata"]},
-            })
-        })
-        .collect();
-    let column = |name: &str, ty: &str, format: &str| json!({"name": name, "type": ty, "format": format, "description": "", "priority": 0});
-    json!({
-        "kind": "Table", "apiVersion": "meta.k8s.io/v1",
-        "metadata": {"resourceVersion": resource_version},
-        "columnDefinitions": [
-            column("Name", "string", "name"), column("Ready", "string", ""), column("Up-to-date", "string", ""),
-            column("Available", "string", ""), column("Age", "string", ""),
-        ],
-        "rows": rows,
-    })
+    let columns = [
+        ("Name", "string", "name"),
+        ("Ready", "string", ""),
+        ("Up-to-date", "string", ""),
+        ("Available", "string", ""),
+        ("Age", "string", ""),
+    ];
+    let n = |v: &Value| v.as_i64().unwrap_or(0);
+    let cells = |d: &Value| {
+        let s = &d["status"];
+        json!([
+            d["metadata"]["name"],
+            format!("{}/{}", n(&s["readyReplicas"]), n(&d["spec"]["replicas"])),
+            n(&s["updatedReplicas"]),
+            n(&s["availableReplicas"]),
+            "0s",
+        ])
+    };
+    super::table(&columns, deployments, cells, resource_version)
 }
 
 fn list(fake: &Shared, namespace: Option<&str>, selector: &[(String, String)], headers: &HeaderMap) -> Response {

@@ -51,6 +51,7 @@ impl super::Module for Gitops {
     }
 }
 
+#[derive(Clone)]
 struct GitopsService {
     auth: Arc<AgentAuthenticator>,
     configurations: Arc<dyn ConfigurationSource>,
@@ -174,20 +175,18 @@ impl GitopsAgent for GitopsService {
         let agent = self.auth.authenticate(&request).await?;
         let request = request.into_inner();
         // Checked before the stream starts: a wrong project or ref is the caller's error.
-        self.project(&agent, &request.project_id, &request.r#ref).await?;
-        let service = GitopsService {
-            auth: self.auth.clone(),
-            configurations: self.configurations.clone(),
-            git: self.git.clone(),
-            poll_period: self.poll_period,
-            gitlab_mode: self.gitlab_mode,
-            shutdown: self.shutdown.clone(),
-        };
+        let mut project = Some(self.project(&agent, &request.project_id, &request.r#ref).await?);
+        let service = self.clone();
         let (tx, rx) = mpsc::channel(4);
         tokio::spawn(async move {
             let mut last = request.commit_id.clone();
             loop {
-                let polled = match service.project(&agent, &request.project_id, &request.r#ref).await {
+                // The configuration is read again for every later poll (it may have changed).
+                let project = match project.take() {
+                    Some(project) => Ok(project),
+                    None => service.project(&agent, &request.project_id, &request.r#ref).await,
+                };
+                let polled = match project {
                     Ok(project) => service.poll(&project, &last).await,
                     Err(e) => Err(e),
                 };

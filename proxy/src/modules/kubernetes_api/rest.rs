@@ -272,28 +272,25 @@ async fn proxy_inner(
     } else {
         headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
     };
-    if length == Some(0) {
+    let body = if length == Some(0) {
         exchange.read_end().await?;
-        let mut response = Response::new(Body::empty());
-        *response.status_mut() = status;
-        *response.headers_mut() = headers;
-        response.extensions_mut().insert(OwnErrorFormat);
-        return Ok(response);
-    }
-    // The request pump lives as long as the response body: a caller that goes away (the body is
-    // dropped) ends both, which cancels the request in agentk.
-    let body = exchange.into_body_stream(length).map(move |chunk| {
-        let _pump = &request_pump;
-        chunk.map_err(|e| {
-            tracing::warn!(error = %e, "Kubernetes API response aborted");
-            std::io::Error::other(e.public_message())
-        })
-    });
-    // HTTP/1.1: passed on no faster than the caller's socket takes it (hyper would otherwise
-    // buffer up to 64 KiB per connection for a caller that stopped reading).
-    let body = match progress {
-        Some(progress) => Body::from_stream(progress.gate(body)),
-        None => Body::from_stream(body),
+        Body::empty()
+    } else {
+        // The request pump lives as long as the response body: a caller that goes away (the body
+        // is dropped) ends both, which cancels the request in agentk.
+        let body = exchange.into_body_stream(length).map(move |chunk| {
+            let _pump = &request_pump;
+            chunk.map_err(|e| {
+                tracing::warn!(error = %e, "Kubernetes API response aborted");
+                std::io::Error::other(e.public_message())
+            })
+        });
+        // HTTP/1.1: passed on no faster than the caller's socket takes it (hyper would otherwise
+        // buffer up to 64 KiB per connection for a caller that stopped reading).
+        match progress {
+            Some(progress) => Body::from_stream(progress.gate(body)),
+            None => Body::from_stream(body),
+        }
     };
     let mut response = Response::new(body);
     *response.status_mut() = status;
