@@ -652,8 +652,9 @@ async fn create_pod(State(fake): St, Path(ns): Path<String>, headers: HeaderMap,
     (StatusCode::CREATED, axum::Json(store_pod(&fake, &ns, &name, obj, "ADDED"))).into_response()
 }
 
-/// RFC 7386 merge (what merge-patch and, for the fields tests use, strategic-merge-patch do).
-fn merge(target: &mut Value, patch: &Value) {
+/// RFC 7386 merge (what merge-patch and, for the fields tests use, strategic-merge-patch do):
+/// objects field by field, everything else (lists too) replaced.
+pub(crate) fn merge(target: &mut Value, patch: &Value) {
     match (target.as_object_mut(), patch.as_object()) {
         (Some(t), Some(p)) => {
             for (k, v) in p {

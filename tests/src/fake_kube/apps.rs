@@ -24,7 +24,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::{FakeKube, Shared, St, status};
+use super::{FakeKube, Shared, St, merge, status};
 
 /// A refusal: the API server's error response.
 type Refusal = Box<Response>;
@@ -536,22 +536,6 @@ fn conflict(conflicts: &[(String, String)]) -> Response {
         "reason": "Conflict", "details": {"causes": causes}, "code": 409,
     });
     (StatusCode::CONFLICT, [("content-type", "application/json")], body.to_string()).into_response()
-}
-
-/// Merges `patch` into `target`: objects field by field, everything else (lists too) replaced.
-fn merge(target: &mut Value, patch: &Value) {
-    match (target.as_object_mut(), patch.as_object()) {
-        (Some(t), Some(p)) => {
-            for (k, v) in p {
-                if v.is_null() {
-                    t.remove(k);
-                } else {
-                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
-                }
-            }
-        }
-        _ => *target = patch.clone(),
-    }
 }
 
 /// The Deployment's defaults (k8s.io/kubernetes pkg/apis/apps/v1 defaults.go).
