@@ -271,7 +271,97 @@ impl TunnelRequest {
     }
 }
 
+/// Response frames sent together ([`Responder::send_batch`]): queued with no await between
+/// them, the stream's encoder takes them in one HTTP/2 write. A small response goes out whole,
+/// header to trailer, as one write instead of four.
+#[derive(Default)]
+pub struct Batch(Vec<(ConnectRequest, ResponseFrame)>);
+
+impl Batch {
+    pub fn header(&mut self, metadata: HashMap<String, pb::MetadataValues>) -> &mut Self {
+        self.0.push((ConnectRequest::header(pb::Header { metadata }), ResponseFrame::Header));
+        self
+    }
+
+    /// A body message; it takes response credit as [`Responder::message`] does.
+    pub fn message(&mut self, data: Bytes) -> &mut Self {
+        self.0.push((ConnectRequest::message(data), ResponseFrame::Message));
+        self
+    }
+
+    pub fn trailer(&mut self, metadata: HashMap<String, pb::MetadataValues>) -> &mut Self {
+        self.0.push((ConnectRequest::trailer(pb::Trailer { metadata }), ResponseFrame::Trailer));
+        self
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+fn message_len(frame: &ConnectRequest) -> Option<usize> {
+    match &frame.msg {
+        Some(pb::connect_request::Msg::Message(m)) => Some(m.data.len()),
+        _ => None,
+    }
+}
+
 impl Responder {
+    /// Sends a batch's frames in order, together as far as the channel's capacity and the
+    /// response credit allow (a message waits for positive credit, as [`Self::message`]).
+    pub async fn send_batch(&self, batch: Batch) -> Result<(), Status> {
+        let mut frames = batch.0.into_iter().peekable();
+        let capacity = self.outbound.max_capacity();
+        while frames.peek().is_some() {
+            let mut ready = Vec::new();
+            while let Some((frame, _)) = frames.peek()
+                && ready.len() < capacity
+            {
+                if let Some(len) = message_len(frame)
+                    && !self.take_credit(len)
+                {
+                    break;
+                }
+                ready.extend(frames.next());
+            }
+            if ready.is_empty() {
+                self.wait_for_credit().await?;
+                continue;
+            }
+            // Room first, then the order checks and the sends with no await between (see `send`).
+            let permits =
+                self.outbound.reserve_many(ready.len()).await.map_err(|_| Status::cancelled("tunnel closed"))?;
+            for ((frame, kind), permit) in ready.into_iter().zip(permits) {
+                check(&self.order, |o| o.response(kind))?;
+                permit.send(frame);
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes `len` bytes of response credit if there is some now (or credit does not apply);
+    /// `false`: the message must wait for kas to grant more.
+    fn take_credit(&self, len: usize) -> bool {
+        if !self.credit.limited.load(Ordering::Acquire) {
+            return true;
+        }
+        if self.credit.available.load(Ordering::Acquire) <= 0 {
+            return false;
+        }
+        self.credit.available.fetch_sub(i64::try_from(len).unwrap_or(i64::MAX), Ordering::AcqRel);
+        true
+    }
+
+    /// How much body may go into a message now: at most `max`, and no more than the credit;
+    /// `None` when the credit is used up (see [`Self::wait_for_credit`]).
+    pub fn message_size_now(&self, max: usize) -> Option<usize> {
+        if !self.credit.limited.load(Ordering::Acquire) {
+            return Some(max);
+        }
+        let available = self.credit.available.load(Ordering::Acquire);
+        (available > 0).then(|| max.min(usize::try_from(available).unwrap_or(usize::MAX)))
+    }
+
     async fn send(&self, frame: ConnectRequest, kind: ResponseFrame) -> Result<(), Status> {
         // Room first, then the order check and the send with no await between: a send cancelled
         // while waiting must not count as sent (the tunnel would look reusable).
@@ -279,10 +369,6 @@ impl Responder {
         check(&self.order, |o| o.response(kind))?;
         permit.send(frame);
         Ok(())
-    }
-
-    pub async fn header(&self, metadata: HashMap<String, pb::MetadataValues>) -> Result<(), Status> {
-        self.send(ConnectRequest::header(pb::Header { metadata }), ResponseFrame::Header).await
     }
 
     /// Sends one body message once there is response credit (a message may take the credit
@@ -295,16 +381,6 @@ impl Responder {
         self.send(ConnectRequest::message(data), ResponseFrame::Message).await
     }
 
-    /// How much body to put into the next message: at most `max`, and no more than the credit
-    /// (waiting for some). Streams split their data by it, so a reader that stopped leaves
-    /// small messages in flight.
-    pub async fn next_message_size(&self, max: usize) -> Result<usize, Status> {
-        Ok(match self.wait_for_credit().await? {
-            Some(credit) => max.min(credit),
-            None => max,
-        })
-    }
-
     /// Stops applying response credit: an upgraded connection carries both directions on this
     /// tunnel, and its response must not wait for credit queued behind request bytes that the
     /// API server is not reading. HTTP/2's stream window still bounds it.
@@ -314,7 +390,7 @@ impl Responder {
     }
 
     /// `Some(available)` once the credit is positive; `None` if credit does not apply.
-    async fn wait_for_credit(&self) -> Result<Option<usize>, Status> {
+    pub async fn wait_for_credit(&self) -> Result<Option<usize>, Status> {
         loop {
             let changed = self.credit.changed.notified();
             if !self.credit.limited.load(Ordering::Acquire) {
@@ -353,15 +429,75 @@ impl Responder {
         self.send(ConnectRequest::error(status), ResponseFrame::Error).await
     }
 
-    /// Header, one message, trailer; or the error.
+    /// Header, one message, trailer (in one write); or the error.
     pub async fn unary(&self, result: Result<Bytes, Status>) -> Result<(), Status> {
         match result {
             Ok(body) => {
-                self.header(HashMap::new()).await?;
-                self.message(body).await?;
-                self.trailer(HashMap::new()).await
+                let mut batch = Batch::default();
+                batch.header(HashMap::new()).message(body).trailer(HashMap::new());
+                self.send_batch(batch).await
             }
             Err(status) => self.error(&status).await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use kas_proto::tunnel::pb::connect_request::Msg;
+
+    use super::*;
+
+    /// A responder for an exchange that got its RequestInfo, with the channel to kas.
+    fn responder(response_window: u32) -> (Responder, mpsc::Receiver<ConnectRequest>) {
+        let (outbound, to_kas) = mpsc::channel(kas_proto::flow::HOP_BUFFER);
+        let mut order = FrameOrder::after_descriptor();
+        order.request(RequestFrame::RequestInfo).unwrap();
+        let info = pb::RequestInfo { response_window, ..Default::default() };
+        let (_current, (_request, responder)) = Current::new(info, order, &outbound);
+        (responder, to_kas)
+    }
+
+    fn kinds(to_kas: &mut mpsc::Receiver<ConnectRequest>) -> Vec<&'static str> {
+        std::iter::from_fn(|| to_kas.try_recv().ok())
+            .map(|f| match f.msg {
+                Some(Msg::Header(_)) => "header",
+                Some(Msg::Message(_)) => "message",
+                Some(Msg::Trailer(_)) => "trailer",
+                _ => "other",
+            })
+            .collect()
+    }
+
+    /// A small response is queued whole before anything else runs, so tonic's encoder takes it
+    /// in one write.
+    #[tokio::test]
+    async fn a_batch_is_queued_whole() {
+        let (responder, mut to_kas) = responder(1024);
+        let mut batch = Batch::default();
+        batch.header(HashMap::new()).message(Bytes::from_static(b"head")).message(Bytes::from_static(b"body"));
+        batch.trailer(HashMap::new());
+        responder.send_batch(batch).await.unwrap();
+        assert_eq!(kinds(&mut to_kas), ["header", "message", "message", "trailer"]);
+        assert!(responder.is_done());
+    }
+
+    /// Within a batch, a message still waits for positive response credit: one message may take
+    /// it below zero, the next waits for kas to grant more.
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_message_waits_for_credit() {
+        let (responder, mut to_kas) = responder(10);
+        let mut batch = Batch::default();
+        batch.header(HashMap::new()).message(Bytes::from(vec![0; 100])).message(Bytes::from_static(b"rest"));
+        batch.trailer(HashMap::new());
+        let send = responder.send_batch(batch);
+        tokio::pin!(send);
+        assert!(tokio::time::timeout(Duration::from_secs(1), &mut send).await.is_err(), "the second message waits");
+        assert_eq!(kinds(&mut to_kas), ["header", "message"]);
+        responder.credit.grant(100);
+        send.await.unwrap();
+        assert_eq!(kinds(&mut to_kas), ["message", "trailer"]);
     }
 }

@@ -50,8 +50,10 @@ pub const CONNECTION_WINDOW: u32 = MAX_WINDOW;
 pub const MAX_CHUNK: usize = 64 * 1024;
 
 /// Tunnel messages buffered in a channel between two tasks of one hop (each at most
-/// [`MAX_CHUNK`] of body, for agentk and kas as shipped).
-pub const HOP_BUFFER: usize = 2;
+/// [`MAX_CHUNK`] of body, for agentk and kas as shipped). Four: a small exchange's frames
+/// (RequestInfo, head, CloseSend; Header, head, body, Trailer) are queued together and go out
+/// in one HTTP/2 write.
+pub const HOP_BUFFER: usize = 4;
 
 /// tonic's yield threshold: messages produced back to back (a response's header, head, small
 /// body and trailer) go out in one HTTP/2 write of up to one chunk. Under response credit a

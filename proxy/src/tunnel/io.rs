@@ -54,6 +54,21 @@ impl Outbound {
             Self::Peer(tx) => tx.reserve().await.map(OutboundPermit::Peer).map_err(|_| ()),
         }
     }
+
+    fn max_capacity(&self) -> usize {
+        match self {
+            Self::Agent(tx) => tx.max_capacity(),
+            Self::Peer(tx) => tx.max_capacity(),
+        }
+    }
+
+    /// Room for `n` frames at once (`n` at most the channel's capacity).
+    async fn reserve_many(&self, n: usize) -> Result<Vec<OutboundPermit<'_>>, ()> {
+        match self {
+            Self::Agent(tx) => tx.reserve_many(n).await.map(|p| p.map(OutboundPermit::Agent).collect()).map_err(|_| ()),
+            Self::Peer(tx) => tx.reserve_many(n).await.map(|p| p.map(OutboundPermit::Peer).collect()).map_err(|_| ()),
+        }
+    }
 }
 
 enum OutboundPermit<'a> {
@@ -300,15 +315,14 @@ impl TunnelIo {
         body: Bytes,
     ) -> Result<UnaryResponse, KasError> {
         let (sender, mut receiver) = self.split();
+        let info = pb::RequestInfo { method: method.to_owned(), metadata, response_window: 0 };
         sender
-            .send(ConnectResponse::request_info(pb::RequestInfo {
-                method: method.to_owned(),
-                metadata,
-                response_window: 0,
-            }))
+            .send_all(vec![
+                ConnectResponse::request_info(info),
+                ConnectResponse::message(body),
+                ConnectResponse::close_send(),
+            ])
             .await?;
-        sender.send(ConnectResponse::message(body)).await?;
-        sender.send(ConnectResponse::close_send()).await?;
         let mut header = HashMap::new();
         let mut body = None;
         loop {
@@ -351,21 +365,53 @@ impl TunnelSender {
 
     /// Sends one frame (checked against the frame order first).
     pub async fn send(&self, mut frame: ConnectResponse) -> Result<(), KasError> {
-        match &mut frame.msg {
-            Some(connect_response::Msg::WindowUpdate(_)) if !self.takes_window_updates => return Ok(()),
-            Some(connect_response::Msg::RequestInfo(info)) if self.grants => {
-                info.response_window = kas_proto::flow::INITIAL_RESPONSE_WINDOW;
-            }
-            _ => {}
+        if !self.prepare(&mut frame) {
+            return Ok(());
         }
         // Room first, then the order check and the send with no await between: a send cancelled
         // while waiting for room must not count as sent (a reusable tunnel would otherwise be
         // put back believing agentk got a CloseSend it never got).
         let permit = self.out.reserve().await.map_err(|()| KasError::Tunnel("the tunnel closed".into()))?;
-        check(&self.order, |o| frame.kind().and_then(|kind| o.request(kind)))
-            .map_err(|e| KasError::InvalidArgument(e.to_string()))?;
+        self.check(&frame)?;
         permit.send(frame);
         Ok(())
+    }
+
+    /// Sends frames together (at most [`kas_proto::flow::HOP_BUFFER`]): queued with no await
+    /// between them, the stream's encoder takes them in one HTTP/2 write (a GET's RequestInfo,
+    /// head and CloseSend). Each is checked against the frame order, as by [`Self::send`].
+    pub async fn send_all(&self, mut frames: Vec<ConnectResponse>) -> Result<(), KasError> {
+        frames.retain_mut(|frame| self.prepare(frame));
+        if frames.len() > self.out.max_capacity() {
+            for frame in frames {
+                self.send(frame).await?;
+            }
+            return Ok(());
+        }
+        let permits =
+            self.out.reserve_many(frames.len()).await.map_err(|()| KasError::Tunnel("the tunnel closed".into()))?;
+        for (frame, permit) in frames.into_iter().zip(permits) {
+            self.check(&frame)?;
+            permit.send(frame);
+        }
+        Ok(())
+    }
+
+    /// Fills in what this kas adds to a frame; `false` for a frame the other end does not take.
+    fn prepare(&self, frame: &mut ConnectResponse) -> bool {
+        match &mut frame.msg {
+            Some(connect_response::Msg::WindowUpdate(_)) => self.takes_window_updates,
+            Some(connect_response::Msg::RequestInfo(info)) if self.grants => {
+                info.response_window = kas_proto::flow::INITIAL_RESPONSE_WINDOW;
+                true
+            }
+            _ => true,
+        }
+    }
+
+    fn check(&self, frame: &ConnectResponse) -> Result<(), KasError> {
+        check(&self.order, |o| frame.kind().and_then(|kind| o.request(kind)))
+            .map_err(|e| KasError::InvalidArgument(e.to_string()))
     }
 }
 
@@ -467,7 +513,11 @@ mod tests {
     /// A tunnel as kas holds it after agentk's Descriptor: the channel to agentk (capacity 1)
     /// and what agentk sends.
     fn tunnel() -> (TunnelIo, mpsc::Receiver<Result<ConnectResponse, Status>>) {
-        let (to_agent, from_kas) = mpsc::channel(1);
+        tunnel_with_room(1)
+    }
+
+    fn tunnel_with_room(frames: usize) -> (TunnelIo, mpsc::Receiver<Result<ConnectResponse, Status>>) {
+        let (to_agent, from_kas) = mpsc::channel(frames);
         let mut order = FrameOrder::new();
         order.response(kas_proto::tunnel::ResponseFrame::Descriptor).unwrap();
         let (io, _closed) = TunnelIo::local(to_agent, futures::stream::pending().boxed(), order, true);
@@ -491,5 +541,35 @@ mod tests {
         assert!(format!("{:?}", lock(&sender.order)).contains("Closed"), "{:?}", lock(&sender.order));
         let frame = from_kas.recv().await.unwrap().unwrap();
         assert!(matches!(frame.msg, Some(connect_response::Msg::CloseSend(_))));
+    }
+
+    /// A GET's frames are queued together (one HTTP/2 write); where the channel has less room
+    /// than that, they go one by one, in order.
+    #[tokio::test]
+    async fn frames_sent_together_are_queued_together() {
+        let frames = || {
+            vec![
+                ConnectResponse::request_info(pb::RequestInfo::default()),
+                ConnectResponse::message(Bytes::from_static(b"head")),
+                ConnectResponse::close_send(),
+            ]
+        };
+        let kind = |f: Option<Result<ConnectResponse, Status>>| format!("{:?}", f.unwrap().unwrap().kind().unwrap());
+        let (io, mut from_kas) = tunnel_with_room(kas_proto::flow::HOP_BUFFER);
+        let (sender, _receiver) = io.split();
+        sender.send_all(frames()).await.unwrap();
+        let queued: Vec<_> = std::iter::from_fn(|| from_kas.try_recv().ok()).map(|f| kind(Some(f))).collect();
+        assert_eq!(queued, ["RequestInfo", "Message", "CloseSend"]);
+        assert!(format!("{:?}", lock(&sender.order)).contains("Closed"), "{:?}", lock(&sender.order));
+
+        let (io, mut from_kas) = tunnel_with_room(1);
+        let (sender, _receiver) = io.split();
+        let send = tokio::spawn(async move { sender.send_all(frames()).await });
+        let mut received = Vec::new();
+        for _ in 0..3 {
+            received.push(kind(from_kas.recv().await));
+        }
+        send.await.unwrap().unwrap();
+        assert_eq!(received, ["RequestInfo", "Message", "CloseSend"]);
     }
 }

@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use futures::FutureExt;
 use http::header::{HeaderMap, HeaderName, HeaderValue, USER_AGENT};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Empty, StreamBody};
@@ -46,7 +47,7 @@ use tower::util::BoxCloneSyncService;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
 
 use crate::metrics::Outcome;
-use crate::tunnel::{Responder, TunnelRequest};
+use crate::tunnel::{Batch, Responder, TunnelRequest};
 
 /// Request headers agentk forwards to the API server. Everything else is dropped: notably
 /// `Authorization` (the caller's kas credentials) and `Impersonate-*` (agentk acts as itself).
@@ -205,11 +206,14 @@ async fn kubernetes_status(
     if is_discovery_request(&request.method, &request.path) {
         headers.insert(http::header::WARNING, warning_header(message));
     }
-    responder.header(Default::default()).await?;
     let head = HttpResponseHead { status: u32::from(code), headers: headers_to_proto(&headers) };
-    responder.message(HttpFrame::response_head(head).to_bytes()).await?;
-    responder.message(HttpFrame::body(Bytes::from(body)).to_bytes()).await?;
-    responder.trailer(Default::default()).await
+    let mut batch = Batch::default();
+    batch
+        .header(Default::default())
+        .message(HttpFrame::response_head(head).to_bytes())
+        .message(HttpFrame::body(Bytes::from(body)).to_bytes())
+        .trailer(Default::default());
+    responder.send_batch(batch).await
 }
 
 fn decode(data: Bytes) -> Result<http_frame::Frame, Status> {
@@ -331,13 +335,56 @@ impl KubernetesApi {
             Err(e) => return Err(Status::unavailable(format!("Kubernetes API unreachable: {e}"))),
         };
         crate::metrics::api_server_latency(started.elapsed());
-        responder.header(Default::default()).await?;
-        responder.message(HttpFrame::response_head(response_head(&response)).to_bytes()).await?;
+        let mut batch = Batch::default();
+        batch.header(Default::default()).message(HttpFrame::response_head(response_head(&response)).to_bytes());
         if response.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+            responder.send_batch(batch).await?;
             return upgraded(request, responder, response).await.map(|()| Outcome::Ok);
         }
         let mut response_body = response.into_body();
+        // Body read from the API server and not sent yet; the body's end was read.
+        let mut data = Bytes::new();
+        let mut ended = false;
         loop {
+            // What the API server sent already goes out with what is waiting (the head, the
+            // trailer), at most one body message per write: a small response goes out whole, in
+            // one write. Bounded messages keep every hop's buffers bounded in bytes; within the
+            // response credit, a reader that stopped gets small ones.
+            let mut has_body = false;
+            loop {
+                if data.is_empty() && !ended {
+                    match response_body.frame().now_or_never() {
+                        None => break,
+                        Some(None) => ended = true,
+                        Some(Some(frame)) => data = body_data(frame)?,
+                    }
+                    continue;
+                }
+                if data.is_empty() || has_body {
+                    break;
+                }
+                let Some(size) = responder.message_size_now(kas_proto::flow::MAX_CHUNK) else { break };
+                batch.message(HttpFrame::body(data.split_to(size.min(data.len()))).to_bytes());
+                has_body = true;
+            }
+            let done = ended && data.is_empty();
+            if done {
+                batch.trailer(Default::default());
+            }
+            if !batch.is_empty() {
+                responder.send_batch(std::mem::take(&mut batch)).await?;
+            }
+            if done {
+                return Ok(Outcome::Ok);
+            }
+            if !data.is_empty() {
+                // Only credit is missing.
+                tokio::select! {
+                    r = responder.wait_for_credit() => r?,
+                    () = responder.closed() => return Err(caller_gone()),
+                };
+                continue;
+            }
             let frame = tokio::select! {
                 f = response_body.frame() => f,
                 r = body.step(request) => {
@@ -346,24 +393,18 @@ impl KubernetesApi {
                 }
                 () = responder.closed() => return Err(caller_gone()),
             };
-            let Some(frame) = frame else { break };
-            let frame = frame.map_err(|e| Status::unavailable(format!("Kubernetes API response failed: {e}")))?;
-            if let Ok(data) = frame.into_data() {
-                // Bounded messages keep every hop's buffers bounded in bytes; within the
-                // response credit, a reader that stopped gets small ones.
-                let mut data = data;
-                while !data.is_empty() {
-                    let size = tokio::select! {
-                        size = responder.next_message_size(kas_proto::flow::MAX_CHUNK) => size?,
-                        () = responder.closed() => return Err(caller_gone()),
-                    };
-                    let piece = data.split_to(size.min(data.len()));
-                    responder.message(HttpFrame::body(piece).to_bytes()).await?;
-                }
+            match frame {
+                None => ended = true,
+                Some(frame) => data = body_data(frame)?,
             }
         }
-        responder.trailer(Default::default()).await.map(|()| Outcome::Ok)
     }
+}
+
+/// The data of a response body frame (HTTP trailers are not passed on).
+fn body_data(frame: Result<Frame<Bytes>, hyper::Error>) -> Result<Bytes, Status> {
+    let frame = frame.map_err(|e| Status::unavailable(format!("Kubernetes API response failed: {e}")))?;
+    Ok(frame.into_data().unwrap_or_default())
 }
 
 fn caller_gone() -> Status {

@@ -52,13 +52,15 @@ pub struct Exchange {
 }
 
 /// Opens an exchange: routes, sends the request head. The caller then streams the body with
-/// [`pump_body`] and reads the response with [`Exchange::response_head`] and [`body_stream`].
+/// [`pump_body`] (unless `bodiless`: the head then goes with the request's end, in one write)
+/// and reads the response with [`Exchange::response_head`] and [`body_stream`].
 pub async fn start(
     router: &Router,
     target: Target,
     mut metadata: HashMap<String, MetadataValues>,
     mut head: HttpRequestHead,
     deadline: Option<Duration>,
+    bodiless: bool,
 ) -> Result<Exchange, KasError> {
     let request_id = kas_proto::metadata::ensure_request_id(&mut metadata);
     if head.method.is_empty() || !head.path.starts_with('/') {
@@ -75,11 +77,15 @@ pub async fn start(
         "Kubernetes API request routed"
     );
     let (sender, receiver) = tunnel.split();
-    sender
-        .send(ConnectResponse::request_info(RequestInfo { method: METHOD.to_owned(), metadata, response_window: 0 }))
-        .await?;
-    sender.send(ConnectResponse::message(HttpFrame::request_head(head).to_bytes())).await?;
-    Ok(Exchange { receiver, sender: Some(sender) })
+    let mut frames = vec![
+        ConnectResponse::request_info(RequestInfo { method: METHOD.to_owned(), metadata, response_window: 0 }),
+        ConnectResponse::message(HttpFrame::request_head(head).to_bytes()),
+    ];
+    if bodiless {
+        frames.push(ConnectResponse::close_send());
+    }
+    sender.send_all(frames).await?;
+    Ok(Exchange { receiver, sender: (!bodiless).then_some(sender) })
 }
 
 impl Exchange {

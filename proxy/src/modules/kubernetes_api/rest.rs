@@ -242,14 +242,11 @@ async fn proxy_inner(
     // kubectl's discovery would wait routing.max_wait per request for an agent that is not
     // connected: only an agent seen recently (probably reconnecting) is waited for.
     let target = Target::new(agent_id, ConnectionId::ANY, kas_proto::kubernetes_api::METHOD).waiting_only_if_seen();
-    let mut exchange = start(&state.router, target, metadata, head, None).await?;
+    // Most requests (GET) have no body: the head half-closes the request, no pump task.
+    let bodiless = matches!(body, Some(RequestBody::Empty));
+    let mut exchange = start(&state.router, target, metadata, head, None, bodiless).await?;
     let sender = exchange.take_sender();
     let request_pump = match (body, sender) {
-        (Some(RequestBody::Empty), Some(sender)) => {
-            // Most requests (GET) have no body: half-close at once, no pump task.
-            sender.send(ConnectResponse::close_send()).await?;
-            None
-        }
         (Some(RequestBody::Streamed(body)), Some(sender)) => Some(pump_body(sender, body.into_data_stream())),
         (Some(RequestBody::Buffered(chunks)), Some(sender)) => {
             Some(pump_body(sender, futures::stream::iter(chunks.into_iter().map(Ok::<_, axum::Error>))))
@@ -373,7 +370,7 @@ async fn respond_upgrade(
     response.extensions_mut().insert(OwnErrorFormat);
     if !switching {
         // The API server refused the upgrade (e.g. 403): pass its answer through.
-        let _ = sender.send(kas_proto::tunnel::pb::ConnectResponse::close_send()).await;
+        let _ = sender.send(ConnectResponse::close_send()).await;
         let body = exchange.into_body_stream(None).map(|c| c.map_err(|e| std::io::Error::other(e.public_message())));
         *response.body_mut() = Body::from_stream(body);
         return Ok(response);

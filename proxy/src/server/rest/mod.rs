@@ -27,7 +27,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::limit::RequestBodyLimitLayer;
-use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::request_id::{MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer};
 use tower_http::timeout::TimeoutLayer;
 use tracing::Instrument;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
@@ -195,7 +195,7 @@ pub fn router(state: RestState, modules: &[Box<dyn Module>]) -> axum::Router {
         .layer(middleware::map_response(problem_for_bare_errors))
         .layer(middleware::from_fn(request_scope))
         .layer(PropagateRequestIdLayer::x_request_id())
-        .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid));
+        .layer(SetRequestIdLayer::x_request_id(RandomRequestId));
     if let Some(cors) = cors_layer(&config) {
         app = app.layer(cors);
     }
@@ -235,6 +235,31 @@ async fn authenticate(State(state): State<RestState>, mut req: Request, next: Ne
     }
     req.headers_mut().remove(header::AUTHORIZATION);
     next.run(req).await
+}
+
+/// A random version 4 UUID for requests that come without an `x-request-id`, from the thread's
+/// RNG: tower-http's `MakeRequestUuid` asks the kernel (a `getrandom` call per request).
+#[derive(Clone, Copy)]
+struct RandomRequestId;
+
+impl MakeRequestId for RandomRequestId {
+    fn make_request_id<B>(&mut self, _: &http::Request<B>) -> Option<RequestId> {
+        http::HeaderValue::from_str(&uuid_v4(rand::random())).ok().map(RequestId::new)
+    }
+}
+
+/// `bits` as a version 4 (random) UUID: the version nibble and the RFC 4122 variant set.
+fn uuid_v4(bits: u128) -> String {
+    let bits = (bits & !(0xf << 76)) | (0x4 << 76);
+    let bits = (bits & !(0x3 << 62)) | (0x2 << 62);
+    format!(
+        "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+        bits >> 96,
+        (bits >> 80) & 0xffff,
+        (bits >> 64) & 0xffff,
+        (bits >> 48) & 0xffff,
+        bits & 0xffff_ffff_ffff
+    )
 }
 
 /// Runs the request in a span (and task-local scope) carrying its request id.

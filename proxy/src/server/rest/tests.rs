@@ -253,6 +253,11 @@ async fn request_ids_are_echoed_or_generated() {
     let (a, b) = (h1.get(REQUEST_ID_HEADER).unwrap(), h2.get(REQUEST_ID_HEADER).unwrap());
     assert_eq!(a.len(), 36, "a generated UUID: {a:?}");
     assert_ne!(a, b);
+    // A version 4 UUID, as tower-http's generator made them.
+    let a = a.to_str().unwrap();
+    assert_eq!(a.as_bytes()[14], b'4', "{a}");
+    assert!(matches!(a.as_bytes()[19], b'8' | b'9' | b'a' | b'b'), "{a}");
+    assert_eq!(a.split('-').map(str::len).collect::<Vec<_>>(), [8, 4, 4, 4, 12], "{a}");
 }
 
 #[tokio::test]

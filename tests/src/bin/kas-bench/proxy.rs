@@ -611,6 +611,11 @@ async fn run_paths(rounds: usize, report: &mut String) -> Result<(), Unavailable
         target("kas + agentk", kas_one, &jwt),
         target("kas → kas + agentk", kas_two, &jwt),
     ];
+    // BENCH_PATHS="kas + agentk,rathole" measures only the paths named (for profiling one path).
+    if let Ok(only) = std::env::var("BENCH_PATHS") {
+        let only: Vec<&str> = only.split(',').map(str::trim).collect();
+        targets.retain(|t| only.contains(&t.name));
+    }
     for t in &mut targets {
         if let Ok(base) = &t.base
             && let Err(e) = wait_ready(&t.client, base, &t.token).await
