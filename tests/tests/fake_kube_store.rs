@@ -362,12 +362,15 @@ async fn dry_runs_answer_as_if_and_store_nothing() {
     assert_eq!(now["metadata"]["resourceVersion"], json!(stored.metadata.resource_version), "nothing was written");
 }
 
-/// An owner ConfigMap and a Secret it owns.
-async fn owner_and_dependent(client: &kube::Client) -> (Api<DynamicObject>, Api<DynamicObject>, String) {
-    let owners = namespaced(client, "default", &configmaps());
+/// Deletes an owner ConfigMap that a Secret depends on: (the fake, the owner's uid, the object
+/// the DELETE answered, or the Status it answered).
+async fn delete_owner(params: DeleteParams) -> (FakeKube, String, Option<DynamicObject>, Option<kube::core::Status>) {
+    let fake = FakeKube::start().await;
+    let client = client(&fake).await;
+    let owners = namespaced(&client, "default", &configmaps());
     let owner = owners.create(&PostParams::default(), &configmap("owner", json!({}), json!({}))).await.unwrap();
     let uid = owner.metadata.uid.unwrap();
-    let secrets = namespaced(client, "default", &resource("", "v1", "Secret", "secrets"));
+    let secrets = namespaced(&client, "default", &resource("", "v1", "Secret", "secrets"));
     let dependent = object(json!({
         "apiVersion": "v1", "kind": "Secret",
         "metadata": {"name": "dependent", "ownerReferences": [
@@ -378,46 +381,35 @@ async fn owner_and_dependent(client: &kube::Client) -> (Api<DynamicObject>, Api<
     let created = secrets.create(&PostParams::default(), &dependent).await.unwrap();
     assert_eq!(created.data["data"]["password"], "aHVudGVyMg==", "stringData lands in data");
     assert_eq!(created.data["type"], "Opaque");
-    (owners, secrets, uid)
+    let answer = owners.delete("owner", &params).await.unwrap();
+    assert!(fake.object("v1/configmaps", "default", "owner").is_none(), "the owner is still there");
+    (fake, uid, answer.clone().left(), answer.right())
 }
 
 #[tokio::test]
 async fn background_deletion_deletes_the_dependents() {
-    let fake = FakeKube::start().await;
-    let client = client(&fake).await;
-    let (owners, _, uid) = owner_and_dependent(&client).await;
-    let answer = owners.delete("owner", &DeleteParams::background()).await.unwrap();
-    let status = answer.right().expect("a ConfigMap's delete answers a Status");
-    let details = status.details.unwrap();
+    let (fake, uid, _, status) = delete_owner(DeleteParams::background()).await;
+    let details = status.expect("a ConfigMap's delete answers a Status").details.unwrap();
     assert_eq!(
         (details.name.as_str(), details.kind.as_str(), details.uid.as_str()),
         ("owner", "configmaps", uid.as_str())
     );
-    assert!(fake.object("v1/configmaps", "default", "owner").is_none());
     assert!(fake.object("v1/secrets", "default", "dependent").is_none(), "the dependent was not collected");
 }
 
 #[tokio::test]
 async fn foreground_deletion_answers_the_marked_owner_and_deletes_the_dependents() {
-    let fake = FakeKube::start().await;
-    let client = client(&fake).await;
-    let (owners, _, _) = owner_and_dependent(&client).await;
-    let answer = owners.delete("owner", &DeleteParams::foreground()).await.unwrap();
-    let marked = answer.left().expect("a foreground delete answers the object it marked");
+    let (fake, _, marked, _) = delete_owner(DeleteParams::foreground()).await;
+    let marked = marked.expect("a foreground delete answers the object it marked");
     assert!(marked.metadata.deletion_timestamp.is_some());
     assert_eq!(marked.metadata.finalizers, Some(vec!["foregroundDeletion".to_owned()]));
     assert!(fake.object("v1/secrets", "default", "dependent").is_none());
-    assert!(fake.object("v1/configmaps", "default", "owner").is_none());
 }
 
 #[tokio::test]
 async fn orphan_deletion_keeps_the_dependents_without_the_owner_reference() {
-    let fake = FakeKube::start().await;
-    let client = client(&fake).await;
-    let (owners, _, _) = owner_and_dependent(&client).await;
-    let answer = owners.delete("owner", &DeleteParams::orphan()).await.unwrap();
-    assert_eq!(answer.left().unwrap().metadata.finalizers, Some(vec!["orphan".to_owned()]));
-    assert!(fake.object("v1/configmaps", "default", "owner").is_none());
+    let (fake, _, marked, _) = delete_owner(DeleteParams::orphan()).await;
+    assert_eq!(marked.unwrap().metadata.finalizers, Some(vec!["orphan".to_owned()]));
     let dependent = fake.object("v1/secrets", "default", "dependent").expect("the orphan was deleted");
     assert!(dependent["metadata"].get("ownerReferences").is_none(), "{dependent}");
 }
@@ -525,6 +517,17 @@ async fn a_crd_serves_its_custom_resources_until_it_is_deleted() {
         widgets.patch("w", &PatchParams::apply("agentk").force(), &Patch::Apply(object(applied))).await.unwrap();
     assert_eq!((resized.metadata.generation, &resized.data["spec"]["size"]), (Some(2), &json!(2)));
     assert!(resized.data.get("status").is_none(), "status is written through its subresource");
+    let with_status = widgets
+        .patch_status(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"ready": true}, "spec": {"size": 9}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(with_status.data["status"]["ready"], true);
+    assert_eq!(with_status.data["spec"]["size"], 2, "the status subresource does not write the spec");
+    assert_eq!(with_status.metadata.generation, Some(2), "nor is a status write a new generation");
     // The other served version shows the same object.
     let old_version = namespaced(&client, "default", &resource("example.com", "v1beta1", "Widget", "widgets"));
     assert_eq!(old_version.get("w").await.unwrap().types.unwrap().api_version, "example.com/v1beta1");
@@ -583,4 +586,38 @@ async fn a_watch_sees_the_selected_objects_change() {
     assert_eq!(added.metadata.name.as_deref(), Some("web"), "only the selected object");
     let WatchEvent::Deleted(deleted) = next().await else { panic!("not DELETED") };
     assert_eq!(deleted.metadata.name.as_deref(), Some("web"));
+}
+
+#[tokio::test]
+async fn a_finalizer_keeps_a_deleted_object_until_an_update_removes_it() {
+    let fake = FakeKube::start().await;
+    let client = client(&fake).await;
+    let api = namespaced(&client, "default", &configmaps());
+    let mut held = configmap("held", json!({}), json!({}));
+    held.metadata.finalizers = Some(vec!["example.com/keep".into()]);
+    api.create(&PostParams::default(), &held).await.unwrap();
+    let answer = api.delete("held", &DeleteParams::default()).await.unwrap();
+    let marked = answer.left().expect("a delete that waits for finalizers answers the object");
+    assert!(marked.metadata.deletion_timestamp.is_some());
+    let stored = fake.object("v1/configmaps", "default", "held").expect("deleted despite its finalizer");
+    assert_eq!(stored["metadata"]["finalizers"], json!(["example.com/keep"]));
+
+    api.patch("held", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}}))).await.unwrap();
+    assert!(fake.object("v1/configmaps", "default", "held").is_none(), "its last finalizer gone, so is it");
+}
+
+#[tokio::test]
+async fn delete_collection_deletes_the_selected_objects() {
+    let fake = FakeKube::start().await;
+    let client = client(&fake).await;
+    let api = namespaced(&client, "default", &configmaps());
+    for (name, app) in [("a", "web"), ("b", "web"), ("c", "db")] {
+        api.create(&PostParams::default(), &configmap(name, json!({"app": app}), json!({}))).await.unwrap();
+    }
+    let answer =
+        api.delete_collection(&DeleteParams::default(), &ListParams::default().labels("app=web")).await.unwrap();
+    let deleted: Vec<String> = answer.left().unwrap().items.into_iter().map(|o| o.metadata.name.unwrap()).collect();
+    assert_eq!(deleted, ["a", "b"]);
+    let left: Vec<Value> = fake.objects("v1/configmaps", Some("default"));
+    assert_eq!(left.iter().map(|o| o["metadata"]["name"].clone()).collect::<Vec<_>>(), [json!("c")]);
 }

@@ -137,6 +137,11 @@ impl Kind {
         if self.group.is_empty() { self.version.clone() } else { format!("{}/{}", self.group, self.version) }
     }
 
+    /// As the API server prints a GroupVersionResource: `apps/v1, Resource=deployments`.
+    fn gvr(&self) -> String {
+        format!("{}/{}, Resource={}", self.group, self.version, self.resource)
+    }
+
     fn group_resource(&self) -> GroupResource<'_> {
         GroupResource { group: &self.group, resource: &self.resource }
     }
@@ -447,6 +452,15 @@ impl Tx<'_> {
 
     fn kind(&self, group: &str, version: &str, resource: &str) -> Option<Kind> {
         self.kinds().into_iter().find(|k| k.group == group && k.version == version && k.resource == resource)
+    }
+
+    /// The objects of a kind, in one namespace or all.
+    fn objects_of<'k>(&'k self, kind: &'k Kind, ns: Option<&'k str>) -> impl Iterator<Item = (Key, Value)> + 'k {
+        self.inner
+            .objects
+            .iter()
+            .filter(move |((g, r, n, _), _)| *g == kind.group && *r == kind.resource && ns.is_none_or(|ns| ns == n))
+            .map(|(k, o)| (k.clone(), o.clone()))
     }
 
     fn get(&self, key: &Key) -> Option<Value> {
@@ -819,19 +833,16 @@ impl Call<'_> {
         patch::update_manager(self.q, self.headers)
     }
 
+    /// The objects the URL's namespace (if any) and the query's selectors pick.
+    fn selected(&self, tx: &Tx) -> Result<Vec<(Key, Value)>, Refusal> {
+        let selector = Selector::from_query(self.q, &self.kind.gvr())?;
+        let ns = (!self.ns.is_empty()).then_some(self.ns);
+        Ok(tx.objects_of(self.kind, ns).filter(|(_, o)| selector.matches(o)).collect())
+    }
+
     fn list(&self, tx: &Tx) -> Result<Response, Refusal> {
         let kind = self.kind;
-        let gvr = format!("{}/{}, Resource={}", kind.group, kind.version, kind.resource);
-        let selector = Selector::from_query(self.q, &gvr)?;
-        let items: Vec<Value> = tx
-            .inner
-            .objects
-            .iter()
-            .filter(|((g, r, n, _), o)| {
-                *g == kind.group && *r == kind.resource && (self.ns.is_empty() || n == self.ns) && selector.matches(o)
-            })
-            .map(|(_, o)| kind.present(o.clone()))
-            .collect();
+        let items: Vec<Value> = self.selected(tx)?.into_iter().map(|(_, o)| kind.present(o)).collect();
         let rv = tx.inner.resource_version.to_string();
         if super::wants_table(self.headers) {
             return Ok(axum::Json(table(kind, &items, &rv)).into_response());
@@ -1079,21 +1090,10 @@ impl Call<'_> {
 
     fn delete_collection(&self, tx: &mut Tx, options: &DeleteOptions) -> Result<Response, Refusal> {
         let kind = self.kind;
-        let gvr = format!("{}/{}, Resource={}", kind.group, kind.version, kind.resource);
-        let selector = Selector::from_query(self.q, &gvr)?;
-        let names: Vec<String> = tx
-            .inner
-            .objects
-            .iter()
-            .filter(|((g, r, n, _), o)| {
-                *g == kind.group && *r == kind.resource && (self.ns.is_empty() || n == self.ns) && selector.matches(o)
-            })
-            .map(|((_, _, _, name), _)| name.clone())
-            .collect();
         let mut items = Vec::new();
-        for name in names {
-            let key = kind.key(self.ns, &name);
-            if let Some(live) = tx.get(&key) {
+        for ((_, _, _, name), _) in self.selected(tx)? {
+            // An earlier deletion may have collected this one.
+            if let Some(live) = tx.get(&kind.key(self.ns, &name)) {
                 self.delete(tx, &name, options)?;
                 items.push(kind.present(live));
             }
@@ -1209,8 +1209,7 @@ pub(super) async fn serve(
     };
     let call = Call { kind: &kind, ns, q: &q, headers: &headers };
     if method == Method::GET && name.is_none() && super::is_watch(&q) {
-        let gvr = format!("{}/{}, Resource={}", kind.group, kind.version, kind.resource);
-        let selector = match Selector::from_query(&q, &gvr) {
+        let selector = match Selector::from_query(&q, &kind.gvr()) {
             Ok(s) => s,
             Err(response) => return *response,
         };
@@ -1398,12 +1397,7 @@ impl FakeKube {
         let Some(kind) = tx.kind(group, version, plural) else {
             return Vec::new();
         };
-        tx.inner
-            .objects
-            .iter()
-            .filter(|((g, r, n, _), _)| *g == kind.group && *r == kind.resource && namespace.is_none_or(|ns| ns == n))
-            .map(|(_, o)| kind.present(o.clone()))
-            .collect()
+        tx.objects_of(&kind, namespace).map(|(_, o)| kind.present(o)).collect()
     }
 
     /// Creates a namespace (as `kubectl create namespace` would), if it is not there yet.
