@@ -1,8 +1,11 @@
-//! A fake Kubernetes API server (axum) following the real API's shapes: discovery, pods (list,
-//! get, watch, logs, exec, attach, port-forward), apps/v1 Deployments with server-side apply and
-//! a deployment controller the test drives (module `apps`), and the OpenAPI kubectl reads
-//! (module `openapi`). It records every request (so tests can check what agentk sent) and requires
-//! the service-account bearer token it was created with, as a real API server would.
+//! A fake Kubernetes API server (axum) following the real API's shapes: discovery (legacy and
+//! aggregated), pods (list, get, watch, logs, exec, attach, port-forward), a generic object store
+//! for every other kind (module `store`: namespaces, configmaps, secrets, services,
+//! serviceaccounts, leases, CRDs and their custom resources, with server-side apply, dry runs and
+//! deletion as the real one; the shared write machinery in `patch`), apps/v1 Deployments in that
+//! store with a deployment controller the test drives (module `apps`), and the OpenAPI kubectl
+//! reads (module `openapi`). It records every request (so tests can check what agentk sent) and
+//! requires the service-account bearer token it was created with, as a real API server would.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -423,23 +426,20 @@ async fn version() -> impl IntoResponse {
     }))
 }
 
-async fn api_versions() -> impl IntoResponse {
+async fn api_versions(State(fake): St, headers: HeaderMap) -> Response {
+    if store::wants_aggregated(&headers) {
+        return store::aggregated_core(&fake);
+    }
     axum::Json(json!({
         "kind": "APIVersions", "versions": ["v1"],
         "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1:6443"}],
     }))
+    .into_response()
 }
 
-/// `GET /api/v1`: pods and the store's core kinds, by name as the API server lists them.
+/// `GET /api/v1`: pods and the store's core kinds.
 async fn api_resources(State(fake): St) -> impl IntoResponse {
-    let mut resources = store::resource_entries(&fake, "", "v1");
-    resources.extend([
-        json!({"name": "pods", "singularName": "pod", "namespaced": true, "kind": "Pod",
-               "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"], "shortNames": ["po"],
-               "categories": ["all"]}),
-        json!({"name": "pods/log", "singularName": "", "namespaced": true, "kind": "Pod", "verbs": ["get"]}),
-    ]);
-    resources.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+    let resources = store::resource_entries(&fake, "", "v1");
     axum::Json(json!({"kind": "APIResourceList", "groupVersion": "v1", "resources": resources}))
 }
 
@@ -569,8 +569,11 @@ struct WatchFilter {
     kind: String,
     namespace: Option<String>,
     selector: selector::Selector,
-    printer: Box<dyn Fn(&[Value], &str) -> Value + Send + Sync>,
+    printer: Printer,
 }
+
+/// Prints objects as a Table (with the list's resourceVersion).
+type Printer = Box<dyn Fn(&[Value], &str) -> Value + Send + Sync>;
 
 /// Streams watch events (one JSON object per line) until the client goes away. With `table`,
 /// each event's object is a one-row Table, as the API server sends to kubectl.
@@ -599,7 +602,7 @@ fn watch(fake: Arc<Shared>, filter: WatchFilter, table: bool, since: u64) -> Res
             }
             if table {
                 let rv = object["metadata"]["resourceVersion"].as_str().unwrap_or_default().to_owned();
-                ev["object"] = (filter.printer)(&[object.clone()], &rv);
+                ev["object"] = (filter.printer)(std::slice::from_ref(object), &rv);
             }
             Some(Ok::<_, Infallible>(Bytes::from(format!("{ev}\n"))))
         }

@@ -79,10 +79,35 @@ fn widget_resource() -> ApiResource {
 }
 
 #[tokio::test]
-async fn discovery_run_finds_every_resource_and_a_crds_once_it_is_created() {
+async fn discovery_finds_every_resource_and_a_crds_once_it_is_created() {
     let fake = FakeKube::start().await;
     let client = client(&fake).await;
-    let discovery = Discovery::new(client.clone()).run().await.unwrap();
+    let legacy = Discovery::new(client.clone()).run().await.unwrap();
+    let aggregated = Discovery::new(client.clone()).run_aggregated().await.unwrap();
+    for discovery in [legacy, aggregated] {
+        every_built_in_resource(&discovery);
+    }
+    let core = client.list_core_api_resources("v1").await.unwrap();
+    let short = |name: &str| core.resources.iter().find(|r| r.name == name).and_then(|r| r.short_names.clone());
+    assert_eq!(short("configmaps"), Some(vec!["cm".to_owned()]));
+    assert_eq!(short("namespaces"), Some(vec!["ns".to_owned()]));
+
+    crds(&client).create(&PostParams::default(), &widget_crd("Namespaced")).await.unwrap();
+    let legacy = Discovery::new(client.clone()).run().await.unwrap();
+    let aggregated = Discovery::new(client.clone()).run_aggregated().await.unwrap();
+    for discovery in [legacy, aggregated] {
+        let group = discovery.get("example.com").unwrap();
+        assert_eq!(group.preferred_version_or_latest(), "v1", "v1 is preferred over v1beta1");
+        let widget = discovery.resolve_gvk(&GroupVersionKind::gvk("example.com", "v1beta1", "Widget"));
+        let (ar, caps) = widget.unwrap();
+        assert_eq!((ar.plural.as_str(), caps.scope), ("widgets", Scope::Namespaced));
+        let (_, caps) = discovery.resolve_gvk(&GroupVersionKind::gvk("example.com", "v1", "Widget")).unwrap();
+        let subresources: Vec<&str> = caps.subresources.iter().map(|(ar, _)| ar.plural.as_str()).collect();
+        assert_eq!(subresources, ["status"]);
+    }
+}
+
+fn every_built_in_resource(discovery: &Discovery) {
     let expected = [
         ("", "v1", "Namespace", "namespaces", Scope::Cluster),
         ("", "v1", "ConfigMap", "configmaps", Scope::Namespaced),
@@ -102,19 +127,6 @@ async fn discovery_run_finds_every_resource_and_a_crds_once_it_is_created() {
         assert!(caps.operations.iter().any(|v| v == "patch") && caps.operations.iter().any(|v| v == "delete"));
     }
     assert!(discovery.resolve_gvk(&GroupVersionKind::gvk("example.com", "v1", "Widget")).is_none());
-    let core = client.list_core_api_resources("v1").await.unwrap();
-    let short = |name: &str| core.resources.iter().find(|r| r.name == name).and_then(|r| r.short_names.clone());
-    assert_eq!(short("configmaps"), Some(vec!["cm".to_owned()]));
-    assert_eq!(short("namespaces"), Some(vec!["ns".to_owned()]));
-
-    crds(&client).create(&PostParams::default(), &widget_crd("Namespaced")).await.unwrap();
-    let discovery = Discovery::new(client.clone()).run().await.unwrap();
-    let group = discovery.get("example.com").unwrap();
-    assert_eq!(group.preferred_version_or_latest(), "v1", "v1 is preferred over v1beta1");
-    let (ar, caps) = discovery.resolve_gvk(&GroupVersionKind::gvk("example.com", "v1beta1", "Widget")).unwrap();
-    assert_eq!((ar.plural.as_str(), caps.scope), ("widgets", Scope::Namespaced));
-    let (_, caps) = discovery.resolve_gvk(&GroupVersionKind::gvk("example.com", "v1", "Widget")).unwrap();
-    assert_eq!(caps.subresources.iter().map(|(ar, _)| ar.plural.as_str()).collect::<Vec<_>>(), ["status"]);
 }
 
 #[tokio::test]

@@ -104,6 +104,8 @@ pub(crate) struct Kind {
     pub validate: fn(&Value) -> Result<(), Refusal>,
     /// How kubectl's Table shows it (else Name and Age).
     pub table: Option<fn(&[Value], &str) -> Value>,
+    /// Subresources discovery lists besides `status` (which `status` stands for), with their verbs.
+    pub subresources: &'static [(&'static str, &'static [&'static str])],
 }
 
 impl Kind {
@@ -130,6 +132,7 @@ impl Kind {
             prepare: |_, _| {},
             validate: |_| Ok(()),
             table: None,
+            subresources: &[],
         }
     }
 
@@ -804,13 +807,28 @@ fn commit(
     Ok(tx.put(key, new, if old.is_some() { "MODIFIED" } else { "ADDED" }))
 }
 
-fn parse_object(body: &Bytes) -> Result<Value, Refusal> {
-    match serde_json::from_slice::<Value>(body) {
-        Ok(v) if v.is_object() => Ok(v),
+/// A POST or PUT body: JSON or YAML (the fake reads no protobuf, which typed Go clients such as
+/// `kubectl create` send: 415, as the API server answers a type it does not take).
+fn parse_object(body: &Bytes, headers: &HeaderMap) -> Result<Value, Refusal> {
+    let content_type = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("application/json");
+    let parsed = match content_type.split(';').next().unwrap_or_default().trim() {
+        "application/json" | "" => serde_json::from_slice::<Value>(body).ok(),
+        "application/yaml" => serde_norway::from_slice::<Value>(body).ok(),
+        _ => {
+            return Err(Box::new(failure(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "UnsupportedMediaType",
+                "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml",
+                None,
+            )));
+        }
+    };
+    match parsed {
+        Some(v) if v.is_object() => Ok(v),
         _ => Err(Box::new(failure(
             StatusCode::BAD_REQUEST,
             "BadRequest",
-            "the body of the request could not be decoded as a JSON object",
+            "the body of the request is not an object",
             None,
         ))),
     }
@@ -871,7 +889,7 @@ impl Call<'_> {
 
     fn create(&self, tx: &mut Tx, body: &Bytes) -> Result<Response, Refusal> {
         let kind = self.kind;
-        let mut object = parse_object(body)?;
+        let mut object = parse_object(body, self.headers)?;
         let mut name = meta(&object, "name").to_owned();
         if name.is_empty() {
             let prefix = meta(&object, "generateName");
@@ -924,7 +942,7 @@ impl Call<'_> {
     /// PUT: the whole object, with optimistic concurrency on its resourceVersion.
     fn update(&self, tx: &mut Tx, name: &str, part: Part, body: &Bytes) -> Result<Response, Refusal> {
         let kind = self.kind;
-        let object = parse_object(body)?;
+        let object = parse_object(body, self.headers)?;
         patch::check_identity(&object, if kind.namespaced { self.ns } else { "" }, name)?;
         let w = self.write(name, part, patch::dry_run(self.q));
         let manager = self.manager();
@@ -1311,9 +1329,14 @@ fn group_json(group: &str, versions: &[String]) -> Value {
     json!({"name": group, "versions": versions, "preferredVersion": versions.first()})
 }
 
-/// `GET /apis`: every group.
-pub(super) async fn api_groups(State(fake): St) -> Response {
+/// `GET /apis`: every group, aggregated (with its resources) where the client asks for it.
+pub(super) async fn api_groups(State(fake): St, headers: HeaderMap) -> Response {
     let kinds = fake.tx().kinds();
+    if wants_aggregated(&headers) {
+        return discovery_list(
+            groups(&kinds).iter().map(|(g, versions)| group_discovery(&fake, g, versions)).collect(),
+        );
+    }
     let groups: Vec<Value> = groups(&kinds).iter().map(|(g, versions)| group_json(g, versions)).collect();
     axum::Json(json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})).into_response()
 }
@@ -1332,12 +1355,39 @@ fn group_document(fake: &Shared, group: &str) -> Response {
     }
 }
 
-/// The discovery entries (`APIResource`) of the kinds at one group version, with their status
-/// subresources.
+/// Pods as discovery shows them (the fake serves them itself, outside the store).
+fn pods() -> Kind {
+    Kind {
+        short_names: names(&["po"]),
+        categories: names(&["all"]),
+        verbs: &["create", "delete", "get", "list", "patch", "update", "watch"],
+        subresources: &[("log", &["get"])],
+        ..Kind::base("", "pods", "Pod", true)
+    }
+}
+
+/// The kinds discovery lists at one group version: the store's, and pods in v1.
+fn discovered(fake: &Shared, group: &str, version: &str) -> Vec<Kind> {
+    let mut kinds: Vec<Kind> =
+        fake.tx().kinds().into_iter().filter(|k| k.group == group && k.version == version).collect();
+    if (group, version) == ("", "v1") {
+        kinds.push(pods());
+    }
+    kinds.sort_by(|a, b| a.resource.cmp(&b.resource));
+    kinds
+}
+
+/// A kind's subresources with their verbs.
+fn subresources(kind: &Kind) -> Vec<(&'static str, &'static [&'static str])> {
+    let status: Option<(&str, &[&str])> = kind.status.then_some(("status", &["get", "patch", "update"]));
+    kind.subresources.iter().copied().chain(status).collect()
+}
+
+/// The discovery entries (`APIResource`) of the kinds at one group version, each followed by its
+/// subresources, as `/api/v1` and `/apis/{group}/{version}` list them.
 pub(super) fn resource_entries(fake: &Shared, group: &str, version: &str) -> Vec<Value> {
-    let kinds = fake.tx().kinds();
     let mut entries = Vec::new();
-    for kind in kinds.iter().filter(|k| k.group == group && k.version == version) {
+    for kind in discovered(fake, group, version) {
         let mut entry = json!({
             "name": kind.resource, "singularName": kind.singular, "namespaced": kind.namespaced,
             "kind": kind.kind, "verbs": kind.verbs,
@@ -1349,14 +1399,72 @@ pub(super) fn resource_entries(fake: &Shared, group: &str, version: &str) -> Vec
             entry["categories"] = json!(kind.categories);
         }
         entries.push(entry);
-        if kind.status {
+        for (sub, verbs) in subresources(&kind) {
             entries.push(json!({
-                "name": format!("{}/status", kind.resource), "singularName": "", "namespaced": kind.namespaced,
-                "kind": kind.kind, "verbs": ["get", "patch", "update"],
+                "name": format!("{}/{sub}", kind.resource), "singularName": "", "namespaced": kind.namespaced,
+                "kind": kind.kind, "verbs": verbs,
             }));
         }
     }
     entries
+}
+
+/// The aggregated discovery document kube-rs (`Discovery::run_aggregated`) and kubectl ask for
+/// with this Accept (`apidiscovery.k8s.io/v2`), and the Content-Type it comes with.
+const AGGREGATED: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
+
+/// Whether the client takes aggregated discovery (v2; the fake, as a 1.34 API server, serves no
+/// v2beta1).
+pub(super) fn wants_aggregated(headers: &HeaderMap) -> bool {
+    headers.get_all("accept").iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(',')).any(|range| {
+        let params: BTreeSet<&str> = range.split(';').map(str::trim).collect();
+        ["g=apidiscovery.k8s.io", "v=v2", "as=APIGroupDiscoveryList"].iter().all(|p| params.contains(p))
+    })
+}
+
+/// One group's `APIGroupDiscovery`, its versions preferred first.
+fn group_discovery(fake: &Shared, group: &str, versions: &[String]) -> Value {
+    let versions: Vec<Value> = versions
+        .iter()
+        .map(|version| {
+            let resources: Vec<Value> = discovered(fake, group, version)
+                .iter()
+                .map(|kind| {
+                    let response_kind = json!({"group": group, "version": version, "kind": kind.kind});
+                    let subresources: Vec<Value> = subresources(kind)
+                        .into_iter()
+                        .map(|(sub, verbs)| json!({"subresource": sub, "responseKind": response_kind, "verbs": verbs}))
+                        .collect();
+                    let mut entry = json!({
+                        "resource": kind.resource, "responseKind": response_kind,
+                        "scope": if kind.namespaced { "Namespaced" } else { "Cluster" },
+                        "singularResource": kind.singular, "verbs": kind.verbs,
+                    });
+                    for (field, list) in [("shortNames", &kind.short_names), ("categories", &kind.categories)] {
+                        if !list.is_empty() {
+                            entry[field] = json!(list);
+                        }
+                    }
+                    if !subresources.is_empty() {
+                        entry["subresources"] = json!(subresources);
+                    }
+                    entry
+                })
+                .collect();
+            json!({"version": version, "resources": resources, "freshness": "Current"})
+        })
+        .collect();
+    json!({"metadata": {"name": group, "creationTimestamp": null}, "versions": versions})
+}
+
+fn discovery_list(items: Vec<Value>) -> Response {
+    let body = json!({"kind": "APIGroupDiscoveryList", "apiVersion": "apidiscovery.k8s.io/v2", "metadata": {}, "items": items});
+    ([("content-type", AGGREGATED)], body.to_string()).into_response()
+}
+
+/// `GET /api` asking for aggregated discovery: the core group.
+pub(super) fn aggregated_core(fake: &Shared) -> Response {
+    discovery_list(vec![group_discovery(fake, "", &["v1".to_owned()])])
 }
 
 /// `GET /apis/{group}/{version}`.
