@@ -160,26 +160,6 @@ pub(super) fn parse_apply(body: &Bytes, validation: &str) -> Result<Value, Refus
     }
 }
 
-/// The name and namespace an object in a request body gives, against the URL's (PUT, apply).
-pub(super) fn check_identity(object: &Value, ns: &str, name: &str) -> Result<(), Refusal> {
-    if let Some(body_name) = object["metadata"]["name"].as_str()
-        && body_name != name
-    {
-        return Err(bad_request(&format!(
-            "the name of the object ({body_name}) does not match the name on the URL ({name})"
-        )));
-    }
-    if let Some(body_ns) = object["metadata"]["namespace"].as_str()
-        && !body_ns.is_empty()
-        && body_ns != ns
-    {
-        return Err(bad_request(
-            "the namespace of the provided object does not match the namespace sent on the request",
-        ));
-    }
-    Ok(())
-}
-
 /// Server-side apply's schema check: a field the schema does not declare fails the apply whatever
 /// `fieldValidation` says (structured-merge-diff checks apply patches against the schema; see
 /// [`super::openapi`]). A plain error in the API server, so a 500 Status without a reason

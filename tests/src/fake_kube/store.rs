@@ -847,6 +847,21 @@ impl Call<'_> {
         Write { kind: self.kind, ns: self.ns, name, part, dry_run }
     }
 
+    /// The name and namespace an object in a PUT or apply body gives, against the URL's (a
+    /// cluster-scoped object's namespace is not looked at).
+    fn check_identity(&self, object: &Value, name: &str) -> Result<(), Refusal> {
+        let bad = |message: &str| Err(Box::new(failure(StatusCode::BAD_REQUEST, "BadRequest", message, None)));
+        let body_name = meta(object, "name");
+        if !body_name.is_empty() && body_name != name {
+            return bad(&format!("the name of the object ({body_name}) does not match the name on the URL ({name})"));
+        }
+        let body_ns = meta(object, "namespace");
+        if self.kind.namespaced && !body_ns.is_empty() && body_ns != self.ns {
+            return bad("the namespace of the provided object does not match the namespace sent on the request");
+        }
+        Ok(())
+    }
+
     fn manager(&self) -> String {
         patch::update_manager(self.q, self.headers)
     }
@@ -905,15 +920,7 @@ impl Call<'_> {
             let suffix: String = (0..5).map(|_| ALPHABET[rand::random_range(0..ALPHABET.len())] as char).collect();
             name = format!("{prefix}{suffix}");
         }
-        let body_ns = meta(&object, "namespace");
-        if kind.namespaced && !body_ns.is_empty() && body_ns != self.ns {
-            return Err(Box::new(failure(
-                StatusCode::BAD_REQUEST,
-                "BadRequest",
-                "the namespace of the provided object does not match the namespace sent on the request",
-                None,
-            )));
-        }
+        self.check_identity(&object, &name)?;
         if !meta(&object, "resourceVersion").is_empty() {
             // A plain storage error, so a 500 without a reason.
             return Err(Box::new(failure(
@@ -943,7 +950,7 @@ impl Call<'_> {
     fn update(&self, tx: &mut Tx, name: &str, part: Part, body: &Bytes) -> Result<Response, Refusal> {
         let kind = self.kind;
         let object = parse_object(body, self.headers)?;
-        patch::check_identity(&object, if kind.namespaced { self.ns } else { "" }, name)?;
+        self.check_identity(&object, name)?;
         let w = self.write(name, part, patch::dry_run(self.q));
         let manager = self.manager();
         let api_version = kind.api_version();
@@ -986,7 +993,7 @@ impl Call<'_> {
         let api_version = kind.api_version();
         if request.is_apply() {
             let mut applied = patch::parse_apply(body, &request.validation)?;
-            patch::check_identity(&applied, if kind.namespaced { self.ns } else { "" }, name)?;
+            self.check_identity(&applied, name)?;
             if let Some(schema) = kind.schema {
                 let gvk = format!("{api_version}, Kind={}", kind.kind);
                 patch::check_schema(schema, &gvk, self.ns, name, &applied)?;
