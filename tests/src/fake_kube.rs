@@ -1,8 +1,11 @@
-//! A fake Kubernetes API server (axum) following the real API's shapes: discovery, pods (list,
-//! get, watch, logs, exec, attach, port-forward), apps/v1 Deployments with server-side apply and
-//! a deployment controller the test drives (module `apps`), and the OpenAPI kubectl reads
-//! (module `openapi`). It records every request (so tests can check what agentk sent) and requires
-//! the service-account bearer token it was created with, as a real API server would.
+//! A fake Kubernetes API server (axum) following the real API's shapes: discovery (legacy and
+//! aggregated), pods (list, get, watch, logs, exec, attach, port-forward), a generic object store
+//! for every other kind (module `store`: namespaces, configmaps, secrets, services,
+//! serviceaccounts, leases, CRDs and their custom resources, with server-side apply, dry runs and
+//! deletion as the real one; the shared write machinery in `patch`), apps/v1 Deployments in that
+//! store with a deployment controller the test drives (module `apps`), and the OpenAPI kubectl
+//! reads (module `openapi`). It records every request (so tests can check what agentk sent) and
+//! requires the service-account bearer token it was created with, as a real API server would.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -23,7 +26,11 @@ use tokio_stream::wrappers::BroadcastStream;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 mod apps;
+mod errors;
 mod openapi;
+mod patch;
+mod selector;
+mod store;
 
 /// A request as the fake API server received it.
 #[derive(Debug, Clone)]
@@ -93,8 +100,8 @@ pub fn big_log_chunks(size: u64) -> impl Iterator<Item = Bytes> {
 struct Inner {
     /// (namespace, name) -> pod object
     pods: BTreeMap<(String, String), Value>,
-    /// (namespace, name) -> apps/v1 Deployment
-    deployments: BTreeMap<(String, String), Value>,
+    /// Every object but pods (module `store`).
+    objects: BTreeMap<store::Key, Value>,
     /// (namespace, deployment) -> the pod template the controller last rolled out (its hash)
     deployment_templates: BTreeMap<(String, String), String>,
     requests: Vec<RecordedRequest>,
@@ -186,16 +193,8 @@ impl FakeKube {
         let app = Router::new()
             .route("/version", get(version))
             .route("/api", get(api_versions))
-            .route("/apis", get(api_groups))
+            .route("/apis", get(store::api_groups))
             .route("/api/v1", get(api_resources))
-            .route("/apis/apps/v1", get(apps::resources))
-            .route("/apis/apps/v1/deployments", get(apps::list_all))
-            .route("/apis/apps/v1/namespaces/{ns}/deployments", get(apps::list_namespaced))
-            .route(
-                "/apis/apps/v1/namespaces/{ns}/deployments/{name}",
-                get(apps::get).patch(apps::patch).delete(apps::delete),
-            )
-            .route("/apis/apps/v1/namespaces/{ns}/deployments/{name}/status", get(apps::get_status))
             .route("/openapi/v2", get(openapi::v2))
             .route("/openapi/v3", get(openapi::v3_root))
             .route("/openapi/v3/{*path}", get(openapi::v3_group_version))
@@ -206,8 +205,13 @@ impl FakeKube {
             .route("/api/v1/namespaces/{ns}/pods/{name}/exec", get(exec).post(exec))
             .route("/api/v1/namespaces/{ns}/pods/{name}/attach", get(attach).post(attach))
             .route("/api/v1/namespaces/{ns}/pods/{name}/portforward", get(port_forward).post(port_forward))
+            .fallback(store::serve)
             .layer(middleware::from_fn_with_state(shared.clone(), record_and_authorize))
             .with_state(shared.clone());
+        // The namespaces every cluster starts with.
+        for namespace in ["default", "kube-system", "kube-public", "kube-node-lease"] {
+            store::add_namespace(&shared, namespace);
+        }
         let stop = shutdown.clone();
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await;
@@ -316,18 +320,22 @@ impl FakeKube {
     }
 }
 
+impl Inner {
+    /// Records a watch event and sends it, under the lock, so a watch's replay and its live
+    /// events never miss or repeat one.
+    fn publish(&mut self, events: &broadcast::Sender<Value>, event: Value) {
+        self.history.push(event.clone());
+        let _ = events.send(event);
+    }
+}
+
 fn event_rv(ev: &Value) -> u64 {
     ev["object"]["metadata"]["resourceVersion"].as_str().and_then(|s| s.parse().ok()).unwrap_or(0)
 }
 
 impl Shared {
     fn publish(&self, event: Value) {
-        // Recorded and sent under the lock, so a watch's replay and its live events never
-        // miss or repeat one.
-        let mut inner = self.lock();
-        inner.history.push(event.clone());
-        let _ = self.events.send(event);
-        drop(inner);
+        self.lock().publish(&self.events, event);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -418,30 +426,21 @@ async fn version() -> impl IntoResponse {
     }))
 }
 
-async fn api_versions() -> impl IntoResponse {
+async fn api_versions(State(fake): St, headers: HeaderMap) -> Response {
+    if store::wants_aggregated(&headers) {
+        return store::aggregated_core(&fake);
+    }
     axum::Json(json!({
         "kind": "APIVersions", "versions": ["v1"],
         "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1:6443"}],
     }))
+    .into_response()
 }
 
-async fn api_groups() -> impl IntoResponse {
-    let apps_v1 = json!({"groupVersion": "apps/v1", "version": "v1"});
-    axum::Json(json!({
-        "kind": "APIGroupList", "apiVersion": "v1",
-        "groups": [{"name": "apps", "versions": [apps_v1], "preferredVersion": apps_v1}],
-    }))
-}
-
-async fn api_resources() -> impl IntoResponse {
-    axum::Json(json!({
-        "kind": "APIResourceList", "groupVersion": "v1",
-        "resources": [
-            {"name": "pods", "singularName": "pod", "namespaced": true, "kind": "Pod",
-             "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"], "shortNames": ["po"]},
-            {"name": "pods/log", "singularName": "", "namespaced": true, "kind": "Pod", "verbs": ["get"]},
-        ],
-    }))
+/// `GET /api/v1`: pods and the store's core kinds.
+async fn api_resources(State(fake): St) -> impl IntoResponse {
+    let resources = store::resource_entries(&fake, "", "v1");
+    axum::Json(json!({"kind": "APIResourceList", "groupVersion": "v1", "resources": resources}))
 }
 
 /// The resourceVersion a watch starts after; without one, only new events (what the fake has
@@ -515,19 +514,31 @@ fn list_response(fake: &Shared, namespace: Option<&str>, headers: &HeaderMap) ->
     axum::Json(list).into_response()
 }
 
+/// A watch of pods (all namespaces, or one), else their list.
+fn list_or_watch_pods(
+    fake: Arc<Shared>,
+    namespace: Option<String>,
+    q: &std::collections::HashMap<String, String>,
+    headers: &HeaderMap,
+) -> Response {
+    if !is_watch(q) {
+        return list_response(&fake, namespace.as_deref(), headers);
+    }
+    let selector = match selector::Selector::from_query(q, "/v1, Resource=pods") {
+        Ok(s) => s,
+        Err(response) => return *response,
+    };
+    let filter =
+        WatchFilter { group: String::new(), kind: "Pod".into(), namespace, selector, printer: Box::new(pod_table) };
+    watch(fake, filter, wants_table(headers), since(q))
+}
+
 async fn list_all_pods(
     State(fake): St,
     headers: HeaderMap,
     Query(q): Query<std::collections::HashMap<String, String>>,
 ) -> Response {
-    if is_watch(&q) {
-        let selector = match apps::field_selector(&q) {
-            Ok(s) => s,
-            Err(response) => return *response,
-        };
-        return watch(fake, WatchFilter { kind: "Pod", namespace: None, selector }, wants_table(&headers), since(&q));
-    }
-    list_response(&fake, None, &headers)
+    list_or_watch_pods(fake, None, &q, &headers)
 }
 
 async fn list_namespaced_pods(
@@ -536,15 +547,7 @@ async fn list_namespaced_pods(
     Path(ns): Path<String>,
     Query(q): Query<std::collections::HashMap<String, String>>,
 ) -> Response {
-    if is_watch(&q) {
-        let selector = match apps::field_selector(&q) {
-            Ok(s) => s,
-            Err(response) => return *response,
-        };
-        let filter = WatchFilter { kind: "Pod", namespace: Some(ns), selector };
-        return watch(fake, filter, wants_table(&headers), since(&q));
-    }
-    list_response(&fake, Some(&ns), &headers)
+    list_or_watch_pods(fake, Some(ns), &q, &headers)
 }
 
 async fn get_pod(State(fake): St, headers: HeaderMap, Path((ns, name)): Path<(String, String)>) -> Response {
@@ -559,12 +562,18 @@ async fn get_pod(State(fake): St, headers: HeaderMap, Path((ns, name)): Path<(St
     }
 }
 
-/// Which events a watch gets: one kind, optionally one namespace, a field selector.
+/// Which events a watch gets: one kind (group and kind), optionally one namespace, the
+/// selectors; and how a Table shows its objects.
 struct WatchFilter {
-    kind: &'static str,
+    group: String,
+    kind: String,
     namespace: Option<String>,
-    selector: Vec<(String, String)>,
+    selector: selector::Selector,
+    printer: Printer,
 }
+
+/// Prints objects as a Table (with the list's resourceVersion).
+type Printer = Box<dyn Fn(&[Value], &str) -> Value + Send + Sync>;
 
 /// Streams watch events (one JSON object per line) until the client goes away. With `table`,
 /// each event's object is a one-row Table, as the API server sends to kubectl.
@@ -580,19 +589,20 @@ fn watch(fake: Arc<Shared>, filter: WatchFilter, table: bool, since: u64) -> Res
         let filter = filter.clone();
         async move {
             let mut ev = ev;
-            let ns = ev["object"]["metadata"]["namespace"].as_str().unwrap_or_default().to_owned();
-            if ev["object"]["kind"] != filter.kind
-                || filter.namespace.as_ref().is_some_and(|n| *n != ns)
-                || !apps::selects(&filter.selector, &ev["object"])
+            let object = &ev["object"];
+            let ns = object["metadata"]["namespace"].as_str().unwrap_or_default();
+            let api_version = object["apiVersion"].as_str().unwrap_or_default();
+            let group = api_version.rsplit_once('/').map_or("", |(g, _)| g);
+            if object["kind"] != filter.kind.as_str()
+                || group != filter.group
+                || filter.namespace.as_ref().is_some_and(|n| n != ns)
+                || !filter.selector.matches(object)
             {
                 return None;
             }
             if table {
-                let rv = ev["object"]["metadata"]["resourceVersion"].as_str().unwrap_or_default().to_owned();
-                ev["object"] = match filter.kind {
-                    "Deployment" => apps::table(&[ev["object"].clone()], &rv),
-                    _ => pod_table(&[ev["object"].clone()], &rv),
-                };
+                let rv = object["metadata"]["resourceVersion"].as_str().unwrap_or_default().to_owned();
+                ev["object"] = (filter.printer)(std::slice::from_ref(object), &rv);
             }
             Some(Ok::<_, Infallible>(Bytes::from(format!("{ev}\n"))))
         }
