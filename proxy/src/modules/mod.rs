@@ -58,12 +58,8 @@ pub struct ModuleContext {
     pub agent_auth: std::sync::Arc<crate::auth::agent_auth::AgentAuthenticator>,
     /// Agents' current configuration documents.
     pub configurations: std::sync::Arc<dyn configuration::ConfigurationSource>,
-    /// Git repositories read as configurations are (mirrors, shared polls, token bucket).
-    pub git: std::sync::Arc<configuration::AgentConfigurations>,
-    /// How often repositories are polled (`agents.configuration_poll_period`).
-    pub poll_period: std::time::Duration,
-    /// kas verifies agents with GitLab (`gitlab.address`).
-    pub gitlab_mode: bool,
+    /// GitOps's state, shared with `KasApi` and the REST gateway.
+    pub gitops: std::sync::Arc<gitops::GitopsState>,
     /// kas is shutting down: long-lived streams end (agentk reconnects to another kas).
     pub shutdown: tokio_util::sync::CancellationToken,
 }

@@ -7,6 +7,10 @@
 //! instance's id and internal address, refreshes them, heartbeats the instance, and on shutdown
 //! removes what it wrote. Readers only return records whose kas instance heartbeat is alive, so
 //! a crashed kas stops receiving traffic within the heartbeat TTL, not the record TTL.
+//!
+//! The registry also carries what GitOps shares between kas: agentk's last sync report per
+//! manifest project of an agent ([`AgentRegistry::put_gitops_sync`]), and push events
+//! ([`AgentRegistry::publish_git_push`]) that every kas receives.
 
 pub mod config;
 pub mod memory;
@@ -15,7 +19,7 @@ pub mod redis;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use kas_proto::kas::{ConnectedAgentInfo, KasInstanceInfo};
+use kas_proto::kas::{ConnectedAgentInfo, GitopsSync, KasInstanceInfo, git_push_event};
 use kas_proto::{AgentId, ConnectionId, ProjectId};
 use tokio::sync::broadcast;
 
@@ -51,6 +55,51 @@ impl RegistryEvent {
             Self::Connected { agent_id, .. } | Self::Disconnected { agent_id, .. } => Some(*agent_id),
             Self::Resynced => None,
         }
+    }
+}
+
+/// A push to a project, published by some kas ([`AgentRegistry::publish_git_push`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GitPush {
+    pub project: git_push_event::Project,
+    /// When this kas received it: polls that share a Git read compare it with when the read
+    /// started, so that a read begun before the push is not taken for its result.
+    pub received_at: tokio::time::Instant,
+}
+
+/// One manifest project of an agent's configuration: its id as written and its ref as kas names
+/// it (`""`, `branch:<name>`, `tag:<name>`, `commit:<id>`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ManifestProjectKey {
+    pub project_id: String,
+    pub git_ref: String,
+}
+
+/// What the registry holds of an agent's GitOps syncs.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GitopsStatusRecord {
+    /// The agent's manifest projects as configured when its last report arrived.
+    pub configured: Vec<ManifestProjectKey>,
+    /// The last report of each of those projects that reported (in no particular order).
+    pub syncs: Vec<GitopsSync>,
+}
+
+impl GitopsStatusRecord {
+    /// The stored report of one manifest project.
+    pub fn sync(&self, key: &ManifestProjectKey) -> Option<&GitopsSync> {
+        self.syncs.iter().find(|s| s.report.as_ref().is_some_and(|r| key.matches(r)))
+    }
+}
+
+impl ManifestProjectKey {
+    /// Whether `report` is about this project and ref.
+    pub fn matches(&self, report: &kas_proto::gitops::SyncReport) -> bool {
+        report.project_id == self.project_id && report.r#ref == self.git_ref
+    }
+
+    /// The key a report is stored under.
+    pub fn of(report: &kas_proto::gitops::SyncReport) -> Self {
+        Self { project_id: report.project_id.clone(), git_ref: report.r#ref.clone() }
     }
 }
 
@@ -114,6 +163,25 @@ pub trait AgentRegistry: Send + Sync + 'static {
     /// of this window (including it) and of the previous one, across every kas sharing the store
     /// (the agent connection rate limit; see [`WindowCounts::sliding_estimate`]).
     async fn count_connection(&self, agent_id: AgentId, window: Duration) -> Result<WindowCounts, RegistryError>;
+    /// Stores agentk's report of a GitOps sync (replacing the last one of the same manifest
+    /// project and ref) with the agent's manifest projects as configured now; reports of projects
+    /// no longer configured are dropped. Readable by every kas sharing the store until `ttl`
+    /// after the agent's last report.
+    async fn put_gitops_sync(
+        &self,
+        agent_id: AgentId,
+        sync: GitopsSync,
+        configured: &[ManifestProjectKey],
+        ttl: Duration,
+    ) -> Result<(), RegistryError>;
+    /// What [`AgentRegistry::put_gitops_sync`] stored for the agent (empty when nothing, or
+    /// nothing within its ttl).
+    async fn gitops_status(&self, agent_id: AgentId) -> Result<GitopsStatusRecord, RegistryError>;
+    /// Tells every kas sharing the store (this one included) that a project was pushed to.
+    async fn publish_git_push(&self, project: git_push_event::Project) -> Result<(), RegistryError>;
+    /// Push events from every kas. A receiver that lags has missed some: it should act as if
+    /// every project had been pushed to.
+    fn subscribe_git_pushes(&self) -> broadcast::Receiver<GitPush>;
 }
 
 /// Sorts records the same way in every backend (agent id, then connection id).

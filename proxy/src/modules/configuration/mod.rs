@@ -67,10 +67,21 @@ impl AgentConfigurations {
     /// The commit `repository`'s branch points to, and the directory to read it from (shared
     /// polls, the token bucket, kas's mirror for remote repositories).
     pub async fn resolve(&self, repository: &GitRepository) -> Result<(PathBuf, String), KasError> {
+        self.resolve_since(repository, None).await
+    }
+
+    /// [`AgentConfigurations::resolve`] with a read that began at `since` or later (a push
+    /// arrived then: a read that began before it may not have seen it). Polls passing the same
+    /// `since` still share one read.
+    pub async fn resolve_since(
+        &self,
+        repository: &GitRepository,
+        since: Option<tokio::time::Instant>,
+    ) -> Result<(PathBuf, String), KasError> {
         let key: [u8; 32] = Sha256::digest(format!("{:?}", repository)).into();
         let commit = self
             .commits
-            .get_or_fetch(key, || async {
+            .get_or_fetch_since(key, since, || async {
                 self.limiter.acquire().await.map_err(|e| {
                     KasError::RateLimited(format!("configuration repository {}: {e}", repository.location))
                 })?;
