@@ -67,6 +67,32 @@ pub struct GitPush {
     pub received_at: tokio::time::Instant,
 }
 
+/// Waits for a push that `concerns`, and takes the pushes queued with it (a burst makes one
+/// wake-up). Returns when the newest of them arrived. A receiver that lagged missed pushes, which
+/// may have concerned it: it returns as if pushed to now. Never returns once the registry is gone.
+pub async fn next_git_push(
+    pushes: &mut broadcast::Receiver<GitPush>,
+    concerns: impl Fn(&GitPush) -> bool,
+) -> tokio::time::Instant {
+    use broadcast::error::{RecvError, TryRecvError};
+    let mut newest = loop {
+        match pushes.recv().await {
+            Ok(push) if concerns(&push) => break push.received_at,
+            Ok(_) => {}
+            Err(RecvError::Lagged(_)) => break tokio::time::Instant::now(),
+            Err(RecvError::Closed) => std::future::pending::<()>().await,
+        }
+    };
+    loop {
+        match pushes.try_recv() {
+            Ok(push) if concerns(&push) => newest = newest.max(push.received_at),
+            Ok(_) => {}
+            Err(TryRecvError::Lagged(_)) => newest = tokio::time::Instant::now(),
+            Err(TryRecvError::Empty | TryRecvError::Closed) => return newest,
+        }
+    }
+}
+
 /// One manifest project of an agent's configuration: its id as written and its ref as kas names
 /// it (`""`, `branch:<name>`, `tag:<name>`, `commit:<id>`).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -227,7 +253,46 @@ pub fn new_instance_id() -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::WindowCounts;
+    use std::time::Duration;
+
+    use kas_proto::kas::git_push_event::Project;
+    use tokio::sync::broadcast;
+    use tokio::time::Instant;
+
+    use super::{GitPush, WindowCounts, next_git_push};
+
+    fn push(id: i64, full_path: &str, received_at: Instant) -> GitPush {
+        GitPush { project: Project { id, full_path: full_path.into() }, received_at }
+    }
+
+    fn manifests(push: &GitPush) -> bool {
+        push.project.full_path == "group/manifests" || push.project.id == 7
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_of_pushes_is_one_wake_up_and_other_projects_wake_nothing() {
+        let (tx, mut rx) = broadcast::channel(16);
+        let t0 = Instant::now();
+        tx.send(push(0, "group/other", t0)).unwrap();
+        tx.send(push(0, "group/manifests", t0)).unwrap();
+        tx.send(push(7, "group/renamed", t0 + Duration::from_millis(5))).unwrap();
+        tx.send(push(0, "group/other", t0)).unwrap();
+        // One wake-up for the queued ones, at the newest that concerns us.
+        assert_eq!(next_git_push(&mut rx, manifests).await, t0 + Duration::from_millis(5));
+        tx.send(push(0, "group/other", t0)).unwrap();
+        let waiting = tokio::time::timeout(Duration::from_secs(1), next_git_push(&mut rx, manifests)).await;
+        assert!(waiting.is_err(), "a push to another project woke it");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_receiver_that_lagged_wakes_up() {
+        let (tx, mut rx) = broadcast::channel(2);
+        for _ in 0..5 {
+            tx.send(push(0, "group/other", Instant::now())).unwrap();
+        }
+        let woke = tokio::time::timeout(Duration::from_secs(1), next_git_push(&mut rx, manifests)).await;
+        assert!(woke.is_ok(), "missed pushes could have been this project's");
+    }
 
     #[test]
     fn the_sliding_estimate_carries_the_previous_window_over_a_boundary() {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use kas_proto::gitops::gitops_agent_server::GitopsAgent;
 use kas_proto::gitops::objects_to_synchronize_response::{Header, Message, Object, Trailer};
 use kas_proto::gitops::{ObjectsToSynchronizeRequest, ObjectsToSynchronizeResponse};
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
@@ -23,7 +23,7 @@ use crate::agent::gitops::{ManifestProjectDocument, ManifestRef};
 use crate::agent::{AgentIdentity, GitRepository, RepositoryLocation};
 use crate::auth::agent_auth::AgentAuthenticator;
 use crate::error::KasError;
-use crate::registry::GitPush;
+use crate::registry::{GitPush, next_git_push};
 
 /// Object JSON per message at most (the gRPC message limit is larger).
 const OBJECT_CHUNK: usize = 1024 * 1024;
@@ -79,30 +79,6 @@ impl PushMatch {
     fn matches(&self, push: &GitPush) -> bool {
         push.project.full_path == self.full_path
             || (push.project.id > 0 && self.gitlab_project_id == Some(push.project.id))
-    }
-}
-
-/// Waits for a push that concerns the stream, and takes the ones queued with it (a burst makes
-/// one poll). Returns when the newest of them arrived. A receiver that lagged missed pushes: it
-/// polls as if pushed to now.
-async fn next_push(pushes: &mut broadcast::Receiver<GitPush>, matching: &PushMatch) -> Instant {
-    use broadcast::error::{RecvError, TryRecvError};
-    let mut newest = loop {
-        match pushes.recv().await {
-            Ok(push) if matching.matches(&push) => break push.received_at,
-            Ok(_) => {}
-            Err(RecvError::Lagged(_)) => break Instant::now(),
-            // The registry is gone (kas stopping): only the poll period and shutdown remain.
-            Err(RecvError::Closed) => std::future::pending::<()>().await,
-        }
-    };
-    loop {
-        match pushes.try_recv() {
-            Ok(push) if matching.matches(&push) => newest = newest.max(push.received_at),
-            Ok(_) => {}
-            Err(TryRecvError::Lagged(_)) => newest = Instant::now(),
-            Err(TryRecvError::Empty | TryRecvError::Closed) => return newest,
-        }
     }
 }
 
@@ -259,7 +235,7 @@ impl GitopsAgent for ObjectsService {
                 let jitter = service.state.config.poll_period.mul_f64(rand::random_range(0.9..1.1));
                 since = tokio::select! {
                     () = tokio::time::sleep(jitter) => None,
-                    pushed = next_push(&mut pushes, &matching) => {
+                    pushed = next_git_push(&mut pushes, |push| matching.matches(push)) => {
                         super::metrics::push_poll();
                         tracing::debug!(agent_id = %agent.agent_id, project = %request.project_id, "manifest project pushed to; polling");
                         Some(pushed)
@@ -271,43 +247,5 @@ impl GitopsAgent for ObjectsService {
             }
         });
         Ok(Response::new(ReceiverStream::new(rx)))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use kas_proto::kas::git_push_event::Project;
-
-    use super::*;
-
-    fn push(id: i64, full_path: &str, received_at: Instant) -> GitPush {
-        GitPush { project: Project { id, full_path: full_path.into() }, received_at }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_burst_of_pushes_is_one_poll_and_other_projects_wake_nothing() {
-        let (tx, mut rx) = broadcast::channel(16);
-        let matching = PushMatch { full_path: "group/manifests".into(), gitlab_project_id: Some(7) };
-        let t0 = Instant::now();
-        tx.send(push(0, "group/other", t0)).unwrap();
-        tx.send(push(0, "group/manifests", t0)).unwrap();
-        tx.send(push(7, "group/renamed", t0 + std::time::Duration::from_millis(5))).unwrap();
-        tx.send(push(0, "group/other", t0)).unwrap();
-        // One wake for the three queued ones, at the newest matching push.
-        assert_eq!(next_push(&mut rx, &matching).await, t0 + std::time::Duration::from_millis(5));
-        tx.send(push(0, "group/other", t0)).unwrap();
-        let waiting = tokio::time::timeout(std::time::Duration::from_secs(1), next_push(&mut rx, &matching)).await;
-        assert!(waiting.is_err(), "a push to another project woke the stream");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_receiver_that_lagged_polls() {
-        let (tx, mut rx) = broadcast::channel(2);
-        let matching = PushMatch { full_path: "group/manifests".into(), gitlab_project_id: None };
-        for _ in 0..5 {
-            tx.send(push(0, "group/other", Instant::now())).unwrap();
-        }
-        let woke = tokio::time::timeout(std::time::Duration::from_secs(1), next_push(&mut rx, &matching)).await;
-        assert!(woke.is_ok(), "missed pushes could have been this project's");
     }
 }
