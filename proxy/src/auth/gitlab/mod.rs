@@ -300,6 +300,7 @@ fn counted<T>(result: Result<T, KasError>) -> Result<T, KasError> {
         Ok(_) => "ok",
         Err(KasError::Unauthenticated(_)) => "unauthenticated",
         Err(KasError::PermissionDenied(_)) => "permission_denied",
+        Err(KasError::NotFound(_)) => "not_found",
         Err(KasError::RateLimited(_)) => "rate_limited",
         Err(_) => "unavailable",
     });
