@@ -4,8 +4,10 @@
 //! registers every feature in [`all`], and the listeners serve what the features hand them.
 //!
 //! The specification's own services (`KasApi`, `KasInternal`, `AgentTunnel` in `server/`) keep
-//! their fixed method sets; each of their methods is a one-line call into the feature that
-//! implements it. A new feature adds its own gRPC service instead ([`Module::grpc_services`]).
+//! their method sets, plus the marked additions GitLab calls on `KasApi` (the Kubernetes API
+//! proxy, GitOps status and push events); each of their methods is a one-line call into the
+//! feature that implements it. A new feature adds its own gRPC service instead
+//! ([`Module::grpc_services`]).
 
 pub mod configuration;
 pub mod connected_agents;

@@ -62,7 +62,7 @@ pub struct ManifestProjectStatus {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct SyncStatus {
     /// When a kas received the report (RFC 3339, UTC): how stale this status is.
-    #[schema(value_type = String, format = DateTime, example = "2026-01-02T03:04:05.678Z")]
+    #[schema(value_type = Option<String>, format = DateTime, example = "2026-01-02T03:04:05.678Z")]
     pub received_at: Option<String>,
     /// The kas instance that received it.
     pub kas_instance_id: String,
@@ -71,8 +71,8 @@ pub struct SyncStatus {
     pub commit_id: String,
     /// The agentk pod that applied it.
     pub pod_name: String,
-    /// When the sync started (RFC 3339, UTC).
-    #[schema(value_type = String, format = DateTime, example = "2026-01-02T03:04:05.000Z")]
+    /// When the sync started (RFC 3339, UTC); null if agentk did not say.
+    #[schema(value_type = Option<String>, format = DateTime, example = "2026-01-02T03:04:05.000Z")]
     pub started_at: Option<String>,
     pub duration_ms: u32,
     /// The configuration's `dry_run_strategy`: `none`, `client` or `server`.
