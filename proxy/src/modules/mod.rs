@@ -61,7 +61,7 @@ pub struct ModuleContext {
     /// Agents' current configuration documents.
     pub configurations: std::sync::Arc<dyn configuration::ConfigurationSource>,
     /// GitOps's state, shared with `KasApi` and the REST gateway.
-    pub gitops: std::sync::Arc<gitops::GitopsState>,
+    pub gitops: std::sync::Arc<gitops::state::GitopsState>,
     /// kas is shutting down: long-lived streams end (agentk reconnects to another kas).
     pub shutdown: tokio_util::sync::CancellationToken,
 }

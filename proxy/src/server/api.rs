@@ -18,7 +18,7 @@ use crate::router::Router;
 
 pub struct ApiService {
     pub router: Router,
-    pub gitops: std::sync::Arc<gitops::GitopsState>,
+    pub gitops: std::sync::Arc<gitops::state::GitopsState>,
 }
 
 /// Rejects calls without a valid JWT, then removes the credential so nothing forwards it.

@@ -16,9 +16,9 @@ use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-use super::GitopsState;
 use super::manifests::{self, ManifestLimits, ManifestObject};
 use super::repository::Located;
+use super::state::GitopsState;
 use crate::agent::gitops::{ManifestProjectDocument, ManifestRef};
 use crate::agent::{AgentIdentity, GitRepository, RepositoryLocation};
 use crate::auth::agent_auth::AgentAuthenticator;

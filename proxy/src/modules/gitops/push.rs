@@ -10,7 +10,7 @@
 
 use kas_proto::kas::git_push_event::Project;
 
-use super::GitopsState;
+use super::state::GitopsState;
 use crate::error::KasError;
 
 /// Longest full path accepted (GitLab's paths are far shorter; URLs of static repositories too).

@@ -17,8 +17,8 @@ use kas_proto::kas::get_gitops_status_response::ProjectsSource;
 use kas_proto::kas::{GetGitopsStatusResponse, GitopsSync, ManifestProjectStatus};
 use tonic::{Request, Response, Status};
 
-use super::GitopsState;
 use super::objects::ref_name;
+use super::state::GitopsState;
 use crate::agent::AgentConfigDocument;
 use crate::auth::agent_auth::AgentAuthenticator;
 use crate::error::KasError;

@@ -56,7 +56,7 @@ fn fixture_with(config: RestConfig, max_wait: Duration) -> Fixture {
 const GITOPS_CONFIGURATION: &str = "gitops:\n  manifest_projects:\n    - id: group/manifests\n    \
                                     - id: group/other\n      ref: {branch: stable}\n";
 
-fn gitops_state(registry: Arc<dyn AgentRegistry>) -> Arc<crate::modules::gitops::GitopsState> {
+fn gitops_state(registry: Arc<dyn AgentRegistry>) -> Arc<crate::modules::gitops::state::GitopsState> {
     use crate::auth::StaticAgents;
     use crate::auth::agent_token::{StaticAgent, StaticAgentsFile};
     let agent = |id, configuration| StaticAgent {
@@ -73,7 +73,7 @@ fn gitops_state(registry: Arc<dyn AgentRegistry>) -> Arc<crate::modules::gitops:
     let git = Arc::new(
         crate::modules::configuration::AgentConfigurations::new(&Default::default(), Duration::from_secs(20)).unwrap(),
     );
-    Arc::new(crate::modules::gitops::GitopsState {
+    Arc::new(crate::modules::gitops::state::GitopsState {
         config: Default::default(),
         registry,
         configurations: git.clone(),
