@@ -69,7 +69,7 @@ struct Commit {
 }
 
 /// Which pushes concern a stream: its project as configured, and (GitLab mode) GitLab's id of it.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct PushMatch {
     full_path: String,
     gitlab_project_id: Option<i64>,
