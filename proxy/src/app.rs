@@ -20,6 +20,8 @@ use crate::auth::static_users::StaticUsers;
 use crate::auth::{JwtVerifier, Secret, StaticAgents, TokenVerifier};
 use crate::config::{Config, ConfigError, ListenerConfig};
 use crate::modules::configuration::{AgentConfigurations, ConfigurationSource};
+use crate::modules::gitops::repository::{GitlabProjects, ManifestRepositories};
+use crate::modules::gitops::state::GitopsState;
 use crate::modules::kubernetes_api::callers::{CallerVerifiers, StaticCallers};
 use crate::modules::{GrpcServices, ModuleContext};
 use crate::registry::{AgentRegistry, MemoryRegistry, MemoryStore, RedisRegistry, new_instance_id};
@@ -93,6 +95,10 @@ pub struct Bound {
     configurations: Arc<AgentConfigurations>,
     verifier: Arc<dyn TokenVerifier>,
     callers: CallerVerifiers,
+    /// GitLab mode: where GitOps manifest projects are (project_info); static otherwise.
+    manifest_repositories: ManifestRepositories,
+    /// The static agents file (`None` in GitLab mode, where it only overrides configurations).
+    static_agents: Option<Arc<StaticAgents>>,
     registry: Arc<dyn AgentRegistry>,
     tunnels_handle: Arc<std::sync::OnceLock<TunnelRegistry>>,
     tls: ListenerTls,
@@ -231,16 +237,29 @@ impl App {
             None => StaticAgents::new(Default::default()),
         });
         let mut callers = CallerVerifiers::default();
+        let mut manifest_repositories = ManifestRepositories::Static;
         let verifier: Arc<dyn TokenVerifier> = match &config.gitlab.address {
             Some(address) => {
                 let gitlab = crate::auth::GitlabVerifier::new(&config.gitlab, address, gitlab_secret.clone())?
                     .with_overrides(agents.clone());
-                // CI job and personal access tokens share GitLab's client (and rate limit).
+                // CI job and personal access tokens, and GitOps's project_info, share GitLab's
+                // client (and rate limit).
                 callers.gitlab = Some(Arc::new(CallerAccess::new(gitlab.client(), &config.gitlab.caller_cache)));
+                let template = crate::auth::gitlab::RepositoryUrlTemplate::parse(&config.gitlab.repository_url)
+                    .map_err(|e| {
+                        crate::auth::gitlab::GitlabSetupError::Client(format!("gitlab.repository_url: {e}"))
+                    })?;
+                manifest_repositories = ManifestRepositories::Gitlab(GitlabProjects::new(
+                    gitlab.client(),
+                    template,
+                    address.clone(),
+                    &config.gitops.project_info_cache,
+                ));
                 Arc::new(gitlab)
             }
             None => agents.clone(),
         };
+        let static_agents = config.gitlab.address.is_none().then(|| agents.clone());
         let configurations =
             Arc::new(AgentConfigurations::new(&config.agents.git, config.agents.configuration_poll_period)?);
         if let Some(path) = &config.auth.users_file {
@@ -333,6 +352,8 @@ impl App {
             configurations,
             verifier,
             callers,
+            manifest_repositories,
+            static_agents,
             registry,
             tunnels_handle: Arc::default(),
             tls,
@@ -372,6 +393,8 @@ impl Bound {
             configurations,
             verifier,
             callers,
+            manifest_repositories,
+            static_agents,
             registry,
             tunnels_handle,
             tls,
@@ -406,14 +429,21 @@ impl Bound {
             verifier,
             &config.auth.failed_agent_authentications,
         ));
+        let gitops = Arc::new(GitopsState {
+            config: config.gitops.clone(),
+            registry: registry.clone(),
+            configurations: configurations.clone(),
+            git,
+            repositories: manifest_repositories,
+            static_agents,
+            shutdown: shutdown.clone(),
+        });
         let mut services = GrpcServices::default();
         let context = ModuleContext {
             router: router.clone(),
             agent_auth: agent_auth.clone(),
             configurations: configurations.clone(),
-            git,
-            poll_period: config.agents.configuration_poll_period,
-            gitlab_mode: config.gitlab.address.is_some(),
+            gitops: gitops.clone(),
             shutdown: shutdown.clone(),
         };
         for module in &modules {
@@ -447,7 +477,8 @@ impl Bound {
         let max_message = config.limits.max_grpc_message_bytes;
         agent_services.add_service(AgentTunnelServer::new(agent_service).max_decoding_message_size(max_message));
         api_services.add_service(
-            KasApiServer::new(ApiService { router: router.clone() }).max_decoding_message_size(max_message),
+            KasApiServer::new(ApiService { router: router.clone(), gitops: gitops.clone() })
+                .max_decoding_message_size(max_message),
         );
         internal_services.add_service(
             KasInternalServer::new(InternalService { router: router.clone() }).max_decoding_message_size(max_message),
@@ -480,6 +511,7 @@ impl Bound {
                 .for_listener("rest"),
             config: config.rest.clone().into(),
             callers,
+            gitops,
         };
         // HTTP/1.1 and HTTP/2, upgrades, optional TLS; on shutdown it stops accepting and lets
         // in-flight requests finish (bounded by the grace period below).

@@ -36,11 +36,14 @@ pub struct Config {
     /// Bounds on credentials (JWT lifetime, failed agent authentications).
     pub auth: crate::auth::AuthConfig,
     pub connections: ConnectionsConfig,
+    /// GitOps: poll period of manifest projects, how long sync reports are kept.
+    pub gitops: crate::modules::gitops::GitopsConfig,
 }
 
 // Sections owned by the components they configure (their defaults live there too).
 pub use crate::auth::gitlab::config::*;
 pub use crate::modules::configuration::config::*;
+pub use crate::modules::gitops::config::*;
 pub use crate::registry::config::*;
 pub use crate::router::config::*;
 pub use crate::server::rest::config::*;
@@ -435,6 +438,12 @@ impl Config {
                 message: "must be greater than zero".into(),
             });
         }
+        if self.gitops.project_info_cache.max_entries == 0 {
+            return Err(ConfigError::Invalid {
+                key: "gitops.project_info_cache.max_entries",
+                message: "must be greater than zero".into(),
+            });
+        }
         if self.gitlab.caller_cache.max_entries == 0 {
             return Err(ConfigError::Invalid {
                 key: "gitlab.caller_cache.max_entries",
@@ -460,6 +469,8 @@ impl Config {
             ("agents.configuration_poll_period", self.agents.configuration_poll_period),
             ("agents.git.connect_timeout", self.agents.git.connect_timeout),
             ("agents.git.fetch_timeout", self.agents.git.fetch_timeout),
+            ("gitops.poll_period", self.gitops.poll_period),
+            ("gitops.status_ttl", self.gitops.status_ttl),
             ("rest.request_timeout", self.rest.request_timeout),
             ("registry.ttl", self.registry.ttl),
             ("registry.refresh_period", self.registry.refresh_period),
@@ -553,6 +564,10 @@ impl Config {
             ("agents.git.connect_timeout", self.agents.git.connect_timeout),
             ("agents.git.fetch_timeout", self.agents.git.fetch_timeout),
             ("agents.git.rate_limit.max_wait", self.agents.git.rate_limit.max_wait),
+            ("gitops.poll_period", self.gitops.poll_period),
+            ("gitops.status_ttl", self.gitops.status_ttl),
+            ("gitops.project_info_cache.ttl", self.gitops.project_info_cache.ttl),
+            ("gitops.project_info_cache.error_ttl", self.gitops.project_info_cache.error_ttl),
             ("routing.max_wait", self.routing.max_wait),
             ("registry.ttl", self.registry.ttl),
             ("registry.refresh_period", self.registry.refresh_period),

@@ -100,7 +100,10 @@ fn describe() {
     metrics::describe_gauge!(IDLE_TUNNELS, "Idle tunnels held by this kas");
     metrics::describe_gauge!(WAITING_REQUESTS, "Requests waiting for a tunnel on this kas");
     metrics::describe_gauge!(BUILD_INFO, "Always 1; labels carry the version and commit");
-    metrics::describe_counter!(GITLAB_REQUESTS, "GitLab agent_info requests (token verification), by outcome");
+    metrics::describe_counter!(
+        GITLAB_REQUESTS,
+        "Requests to GitLab's API (agent_info, project_info, allowed_agents, authorize_proxy_user), by outcome"
+    );
     metrics::describe_counter!(
         AUTH_FAILURES,
         "Refused authentications, by listener (agent, api, rest, internal) and reason (e.g. invalid_token, \

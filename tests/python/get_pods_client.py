@@ -3,7 +3,7 @@
 stubs generated from proto/proto/kas/v1/kas.proto by grpcio-tools, the way GitLab would.
 
 Usage (stubs generated into STUBS, which must be on PYTHONPATH):
-    python3 -m grpc_tools.protoc -I proto/proto --python_out=STUBS --grpc_python_out=STUBS kas/v1/kas.proto kas/tunnel/v1/tunnel.proto kas/kubernetes_api/v1/kubernetes_api.proto
+    python3 -m grpc_tools.protoc -I proto/proto --python_out=STUBS --grpc_python_out=STUBS kas/v1/kas.proto kas/tunnel/v1/tunnel.proto kas/kubernetes_api/v1/kubernetes_api.proto kas/gitops/v1/gitops.proto
     PYTHONPATH=STUBS python3 tests/python/get_pods_client.py API_ADDRESS JWT AGENT_ID
 
 Prints one JSON object:

@@ -1,7 +1,8 @@
 //! A fake GitLab serving the APIs kas calls in GitLab mode:
 //! `GET /api/v4/internal/kubernetes/agent_info` (agent tokens), `GET /api/v4/job/allowed_agents`
-//! (CI job tokens) and `POST /api/v4/internal/kubernetes/authorize_proxy_user` (users'
-//! personal access tokens).
+//! (CI job tokens), `POST /api/v4/internal/kubernetes/authorize_proxy_user` (users'
+//! personal access tokens) and `GET /api/v4/internal/kubernetes/project_info` (GitOps manifest
+//! projects).
 //!
 //! It checks the `Gitlab-Kas-Api-Request` JWT the way GitLab does (HS256 only, issuer
 //! `gitlab-kas`, audience `gitlab`, not expired, signed with the shared secret), with
@@ -17,6 +18,12 @@
 //! access token: no user has it → 400, revoked → 401, the agent does not exist (no
 //! [`FakeGitlab::add_agent`] named it) → 404, the user may not use it → 403, else 201 with the
 //! user's `access_as`.
+//!
+//! project_info checks the JWT and the agent token as agent_info does (unknown → 401, forbidden
+//! → 403), then answers as GitLab's `API::Internal::Kubernetes`: a project that does not exist
+//! ([`FakeGitlab::add_project`] never named it, by full path or id) or that the agent may not
+//! read ([`FakeGitlab::deny_project`]) → 404 (GitLab does not tell them apart), else the
+//! project's id, Gitaly location (`gl_project_path` = its full path) and default branch.
 //!
 //! [`FakeGitlab::start_tls`] serves HTTPS with a self-signed certificate (its own CA, see
 //! [`FakeGitlab::ca_file`]); [`FakeGitlab::redirect_to`] makes it answer with a redirect.
@@ -102,6 +109,10 @@ struct Inner {
     users: HashMap<String, FakeUser>,
     revoked_user_tokens: HashSet<String>,
     forbidden: HashSet<String>,
+    /// Manifest projects: full path → (project id, default branch).
+    projects: HashMap<String, (i64, String)>,
+    /// (agent token, project full path) the agent may not read.
+    denied_projects: HashSet<(String, String)>,
     /// Answer every request with this status (GitLab failing), after the JWT check.
     fail_with: Option<StatusCode>,
     /// Answer requests without a query string with this redirect (status, `Location`).
@@ -115,6 +126,7 @@ struct Shared {
     requests: AtomicUsize,
     allowed_agents_requests: AtomicUsize,
     authorize_proxy_user_requests: AtomicUsize,
+    project_info_requests: AtomicUsize,
     jwt_rejections: AtomicUsize,
     query_requests: AtomicUsize,
     tls_handshake_failures: AtomicUsize,
@@ -239,6 +251,23 @@ impl FakeGitlab {
         self.shared.inner.lock().unwrap().forbidden.insert(token.to_owned());
     }
 
+    /// Creates a project (project_info answers for it, by full path or id, with this default
+    /// branch).
+    pub fn add_project(&self, full_path: &str, id: i64, default_branch: &str) {
+        let mut inner = self.shared.inner.lock().unwrap();
+        inner.projects.insert(full_path.to_owned(), (id, default_branch.to_owned()));
+    }
+
+    /// The agent holding `token` may not read the project any more: project_info answers 404.
+    pub fn deny_project(&self, token: &str, full_path: &str) {
+        self.shared.inner.lock().unwrap().denied_projects.insert((token.to_owned(), full_path.to_owned()));
+    }
+
+    /// project_info requests received (whatever the answer).
+    pub fn project_info_requests(&self) -> usize {
+        self.shared.project_info_requests.load(Ordering::SeqCst)
+    }
+
     /// Every request (with a valid JWT, to any endpoint) is answered with this status; `None` restores service.
     pub fn fail_with(&self, status: Option<StatusCode>) {
         self.shared.inner.lock().unwrap().fail_with = status;
@@ -297,6 +326,7 @@ impl Shared {
             requests: AtomicUsize::new(0),
             allowed_agents_requests: AtomicUsize::new(0),
             authorize_proxy_user_requests: AtomicUsize::new(0),
+            project_info_requests: AtomicUsize::new(0),
             jwt_rejections: AtomicUsize::new(0),
             query_requests: AtomicUsize::new(0),
             tls_handshake_failures: AtomicUsize::new(0),
@@ -309,6 +339,7 @@ fn router(shared: &Arc<Shared>) -> Router {
         .route("/api/v4/internal/kubernetes/agent_info", get(agent_info))
         .route("/api/v4/job/allowed_agents", get(allowed_agents))
         .route("/api/v4/internal/kubernetes/authorize_proxy_user", post(authorize_proxy_user))
+        .route("/api/v4/internal/kubernetes/project_info", get(project_info))
         .with_state(shared.clone())
 }
 
@@ -445,6 +476,64 @@ async fn authorize_proxy_user(
     (StatusCode::CREATED, axum::Json(answer)).into_response()
 }
 
+/// `GET /api/v4/internal/kubernetes/project_info?id=<full path or id>`.
+async fn project_info(
+    State(shared): State<Arc<Shared>>,
+    axum::extract::Query(query): axum::extract::Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    shared.project_info_requests.fetch_add(1, Ordering::SeqCst);
+    if let Some(rejected) = check_kas_jwt(&shared, &headers) {
+        return rejected;
+    }
+    let token = bearer(&headers);
+    let id = query.get("id").cloned().unwrap_or_default();
+    let (forbidden, agent, project, denied) = {
+        let inner = shared.inner.lock().unwrap();
+        let project = inner
+            .projects
+            .iter()
+            .find(|(path, (project_id, _))| **path == id || project_id.to_string() == id)
+            .map(|(path, (project_id, branch))| (path.clone(), *project_id, branch.clone()));
+        let denied = project.as_ref().is_some_and(|p| inner.denied_projects.contains(&(token.clone(), p.0.clone())));
+        (inner.forbidden.contains(&token), inner.agents.contains_key(&token), project, denied)
+    };
+    if let Some(failed) = delay_or_fail(&shared).await {
+        return failed;
+    }
+    if forbidden {
+        return error(StatusCode::FORBIDDEN, "403 Forbidden");
+    }
+    if !agent {
+        return unauthorized("invalid agent token");
+    }
+    let Some((path, project_id, default_branch)) = project.filter(|_| !denied) else {
+        return error(StatusCode::NOT_FOUND, "404 Project Not Found");
+    };
+    axum::Json(json!({
+        "project_id": project_id,
+        "gitaly_info": {"address": "unix:/fake/gitaly.socket", "token": "fake-gitaly-token", "features": {}},
+        "gitaly_repository": {
+            "storage_name": "default",
+            "relative_path": format!("@hashed/{project_id}.git"),
+            "gl_repository": format!("project-{project_id}"),
+            "gl_project_path": path,
+        },
+        "default_branch": default_branch,
+    }))
+    .into_response()
+}
+
+/// The agent token of `Authorization: Bearer <token>` ("" when absent).
+fn bearer(headers: &HeaderMap) -> String {
+    headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default()
+        .to_owned()
+}
+
 async fn agent_info(State(shared): State<Arc<Shared>>, RawQuery(query): RawQuery, headers: HeaderMap) -> Response {
     shared.requests.fetch_add(1, Ordering::SeqCst);
     if query.is_some() {
@@ -455,12 +544,7 @@ async fn agent_info(State(shared): State<Arc<Shared>>, RawQuery(query): RawQuery
     if let Some(rejected) = check_kas_jwt(&shared, &headers) {
         return rejected;
     }
-    let token = headers
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or_default()
-        .to_owned();
+    let token = bearer(&headers);
     let (forbidden, agent) = {
         let inner = shared.inner.lock().unwrap();
         (inner.forbidden.contains(&token), inner.agents.get(&token).cloned())

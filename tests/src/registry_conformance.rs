@@ -8,10 +8,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kas_proto::kas::{ConnectedAgentInfo, KasAddress, KasInstanceInfo};
+use kas_proto::gitops::SyncReport;
+use kas_proto::kas::{ConnectedAgentInfo, GitopsSync, KasAddress, KasInstanceInfo, git_push_event};
 use kas_proto::{AgentId, ConnectionId, ProjectId};
 
-use kas::registry::{AgentRegistry, RegistryEvent, RegistryTiming};
+use kas::registry::{AgentRegistry, ManifestProjectKey, RegistryEvent, RegistryTiming};
 
 pub trait Backend {
     fn instance(&self, timing: RegistryTiming) -> impl Future<Output = Arc<dyn AgentRegistry>>;
@@ -70,6 +71,9 @@ pub async fn run_all(b: &impl Backend) {
     remove_all_owned_removes_only_own(b).await;
     connection_counts_are_shared_between_instances(b).await;
     agents_count_as_seen_until_a_ttl_after_they_leave(b).await;
+    gitops_syncs_are_shared_and_kept_per_configured_project(b).await;
+    gitops_syncs_expire_a_ttl_after_the_last_report(b).await;
+    git_pushes_reach_every_instance(b).await;
 }
 
 pub async fn register_list_unregister(b: &impl Backend) {
@@ -234,4 +238,109 @@ pub async fn agents_count_as_seen_until_a_ttl_after_they_leave(b: &impl Backend)
     assert!(!k2.seen_recently(AgentId(81)).await.unwrap(), "left more than a TTL ago");
     assert!(!k2.seen_recently(AgentId(82)).await.unwrap(), "its kas left more than a TTL ago");
     k2.remove_all_owned().await.unwrap();
+}
+
+/// A sync report of `project` at `git_ref` (commit `n` repeated, so reports are told apart).
+pub fn sync(project: &str, git_ref: &str, n: u32) -> GitopsSync {
+    GitopsSync {
+        report: Some(SyncReport {
+            project_id: project.into(),
+            r#ref: git_ref.into(),
+            commit_id: format!("{n:040x}"),
+            dry_run_strategy: "none".into(),
+            applied: n,
+            ..Default::default()
+        }),
+        received_at: Some(prost_types::Timestamp { seconds: 1_700_000_000 + i64::from(n), nanos: 0 }),
+        kas_instance_id: format!("kas-{n}"),
+    }
+}
+
+fn key(project: &str, git_ref: &str) -> ManifestProjectKey {
+    ManifestProjectKey { project_id: project.into(), git_ref: git_ref.into() }
+}
+
+/// Applied counts of the stored syncs by (project, ref), sorted.
+fn applied(record: &kas::registry::GitopsStatusRecord) -> Vec<(String, String, u32)> {
+    let mut v: Vec<_> = record
+        .syncs
+        .iter()
+        .map(|s| {
+            let r = s.report.as_ref().unwrap();
+            (r.project_id.clone(), r.r#ref.clone(), r.applied)
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// The last report per manifest project and ref, written by one kas and read by another, every
+/// field intact; a later report replaces it; reports of projects no longer configured go.
+pub async fn gitops_syncs_are_shared_and_kept_per_configured_project(b: &impl Backend) {
+    let k1 = b.instance(timing(LONG, LONG)).await;
+    let k2 = b.instance(timing(LONG, LONG)).await;
+    let other = b.isolated(timing(LONG, LONG)).await;
+    let agent = AgentId(rand::random::<i64>() & i64::MAX);
+    assert_eq!(k2.gitops_status(agent).await.unwrap(), Default::default(), "nothing before the first report");
+    let configured = [key("group/a", ""), key("group/a", "branch:stable"), key("/srv/git/b.git", "tag:v1")];
+    k1.put_gitops_sync(agent, sync("group/a", "", 1), &configured, LONG).await.unwrap();
+    k2.put_gitops_sync(agent, sync("group/a", "branch:stable", 2), &configured, LONG).await.unwrap();
+    let record = k2.gitops_status(agent).await.unwrap();
+    assert_eq!(record.configured, configured);
+    assert_eq!(record.sync(&key("group/a", "")), Some(&sync("group/a", "", 1)), "every field round-trips");
+    assert_eq!(applied(&record), [("group/a".into(), "".into(), 1), ("group/a".into(), "branch:stable".into(), 2)]);
+    assert_eq!(record.sync(&key("/srv/git/b.git", "tag:v1")), None);
+    // The next report of a project replaces its last one.
+    k2.put_gitops_sync(agent, sync("group/a", "", 3), &configured, LONG).await.unwrap();
+    let record = k1.gitops_status(agent).await.unwrap();
+    assert_eq!(applied(&record), [("group/a".into(), "".into(), 3), ("group/a".into(), "branch:stable".into(), 2)]);
+    // The configuration dropped a project: its report goes with the next report.
+    let fewer = [key("group/a", ""), key("/srv/git/b.git", "tag:v1")];
+    k1.put_gitops_sync(agent, sync("/srv/git/b.git", "tag:v1", 4), &fewer, LONG).await.unwrap();
+    let record = k2.gitops_status(agent).await.unwrap();
+    assert_eq!(record.configured, fewer);
+    assert_eq!(applied(&record), [("/srv/git/b.git".into(), "tag:v1".into(), 4), ("group/a".into(), "".into(), 3)]);
+    assert_eq!(other.gitops_status(agent).await.unwrap(), Default::default(), "isolated stores see nothing");
+    assert_eq!(k1.gitops_status(AgentId(agent.0 ^ 1)).await.unwrap(), Default::default(), "per agent");
+}
+
+/// An agent's reports live `ttl` after its last report: each report renews all of them.
+pub async fn gitops_syncs_expire_a_ttl_after_the_last_report(b: &impl Backend) {
+    let k1 = b.instance(timing(LONG, LONG)).await;
+    let agent = AgentId(rand::random::<i64>() & i64::MAX);
+    let configured = [key("group/a", ""), key("group/b", "")];
+    k1.put_gitops_sync(agent, sync("group/a", "", 1), &configured, SHORT).await.unwrap();
+    for n in 0..4 {
+        tokio::time::sleep(SHORT / 3).await;
+        k1.put_gitops_sync(agent, sync("group/b", "", n), &configured, SHORT).await.unwrap();
+    }
+    assert_eq!(applied(&k1.gitops_status(agent).await.unwrap()).len(), 2, "renewed by the other project's reports");
+    tokio::time::sleep(SHORT * 2).await;
+    assert_eq!(k1.gitops_status(agent).await.unwrap(), Default::default(), "outlived its ttl");
+}
+
+/// A push published by one kas reaches every kas sharing the store (itself included), not others.
+pub async fn git_pushes_reach_every_instance(b: &impl Backend) {
+    let k1 = b.instance(timing(LONG, LONG)).await;
+    let k2 = b.instance(timing(LONG, LONG)).await;
+    let other = b.isolated(timing(LONG, LONG)).await;
+    let (mut at_k1, mut at_k2, mut at_other) =
+        (k1.subscribe_git_pushes(), k2.subscribe_git_pushes(), other.subscribe_git_pushes());
+    let project = git_push_event::Project { id: 7, full_path: format!("group/{}", rand::random::<u32>()) };
+    // Backends may subscribe asynchronously: publish until the first push arrives.
+    let first = loop {
+        k2.publish_git_push(project.clone()).await.unwrap();
+        match tokio::time::timeout(Duration::from_millis(200), at_k1.recv()).await {
+            Ok(push) => break push.unwrap(),
+            Err(_) => continue,
+        }
+    };
+    assert_eq!(first.project, project);
+    assert!(first.received_at <= tokio::time::Instant::now());
+    let at_publisher = tokio::time::timeout(Duration::from_secs(5), at_k2.recv()).await.expect("push").unwrap();
+    assert_eq!(at_publisher.project, project);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), at_other.recv()).await.is_err(),
+        "an isolated store got the push"
+    );
 }

@@ -255,3 +255,45 @@ async fn polls_are_shared_per_repository_and_rate_limited() {
     // The refused repository is served once the bucket refills (failures are not reused).
     eventually!(c.open_configuration(3, "").await.is_ok(), "served after the refill");
 }
+
+/// A push to an agent's configuration project (`KasApi.GitPushEvent`, naming the repository as
+/// the agents file does, or GitLab's project id) makes the open presence stream read it at once:
+/// the poll period is an hour, and polls of the repository share one read for a tenth of it, so
+/// only the push (and its own read) explains the new commit. A push to another project does not.
+#[tokio::test]
+async fn a_push_to_the_configuration_project_reaches_the_presence_stream_at_once() {
+    use kas_proto::kas::{GitPushEvent, GitPushEventRequest, git_push_event};
+
+    let repo = GitRepo::new();
+    let first = repo.commit(CONFIG, &logging("debug"));
+    let bare = repo.bare.display().to_string();
+    let repository = bare.clone();
+    let c = Cluster::builder()
+        .configure(move |config, _| {
+            config.agents.configuration_poll_period = Duration::from_secs(3600);
+            set_configuration_repository(config.agents.static_file.as_ref().unwrap(), 0, repository);
+        })
+        .start()
+        .await;
+    let push = |id: i64, full_path: &str| {
+        let event = GitPushEvent { project: Some(git_push_event::Project { id, full_path: full_path.into() }) };
+        let mut api = c.api(0);
+        async move { api.git_push_event(GitPushEventRequest { event: Some(event) }).await.unwrap() }
+    };
+    let mut stream = c.open_configuration(1, "").await.unwrap();
+    let got = tokio::time::timeout(kas_e2e::EVENTUALLY_TIMEOUT, stream.message()).await.unwrap().unwrap().unwrap();
+    assert_eq!(got.commit_id, first);
+
+    let second = repo.commit(CONFIG, &logging("warn"));
+    push(0, "/somewhere/else.git").await;
+    assert!(tokio::time::timeout(Duration::from_millis(500), stream.message()).await.is_err(), "another project");
+    push(0, &bare).await;
+    let got = tokio::time::timeout(Duration::from_secs(5), stream.message()).await.unwrap().unwrap().unwrap();
+    assert_eq!((got.commit_id.as_str(), level(&got).as_str()), (second.as_str(), "warn"));
+
+    // By GitLab's project id: the agent's (configuration) project id, 10 in the cluster.
+    let third = repo.commit(CONFIG, &logging("error"));
+    push(c.agent(1).project_id, "group/agents").await;
+    let got = tokio::time::timeout(Duration::from_secs(5), stream.message()).await.unwrap().unwrap().unwrap();
+    assert_eq!((got.commit_id.as_str(), level(&got).as_str()), (third.as_str(), "error"));
+}

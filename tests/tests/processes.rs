@@ -40,7 +40,12 @@ async fn generate_python_stubs(out: &Path) {
         .arg(format!("-I{}", proto_root.display()))
         .arg(format!("--python_out={}", out.display()))
         .arg(format!("--grpc_python_out={}", out.display()))
-        .args(["kas/v1/kas.proto", "kas/tunnel/v1/tunnel.proto", "kas/kubernetes_api/v1/kubernetes_api.proto"])
+        .args([
+            "kas/v1/kas.proto",
+            "kas/tunnel/v1/tunnel.proto",
+            "kas/kubernetes_api/v1/kubernetes_api.proto",
+            "kas/gitops/v1/gitops.proto",
+        ])
         .output()
         .await
         .expect("run grpc_tools.protoc");

@@ -144,6 +144,7 @@ async fn readme_standalone_rest_and_tls_examples_work_as_written() {
     assert_eq!(commands(&run), vec!["cargo run --bin kas"]);
     let mint = block("TOKEN=$(cargo run -q --bin kas -- mint-jwt --secret-file .kas-dev/gitlab-secret)\n");
     let curls = block("/api/v1/projects/1/agents");
+    let gitops = block("/api/v1/agents/1/gitops");
     let tls = block("kas-tls.yaml");
     let add_user = block("add-user --users-file .kas-dev/users.yaml");
     let kubectl_user = block("--token \"$(cat .kas-dev/alice-token)\"");
@@ -163,7 +164,18 @@ async fn readme_standalone_rest_and_tls_examples_work_as_written() {
             script.push_str(&format!("{command}\n"));
         }
     }
-    script.push_str("wait %2 %3 %4 %5\nkill %1; wait %1 || true\n");
+    script.push_str("wait %2 %3 %4 %5\n");
+    // "GitOps status and push events": the status of agent 1 (no manifest projects) and a push.
+    let mut g = 0;
+    for command in commands(&gitops) {
+        if command.starts_with("curl ") {
+            g += 1;
+            script.push_str(&format!("{command} > gitops-{g}.out\n"));
+        } else {
+            script.push_str(&format!("{command}\n"));
+        }
+    }
+    script.push_str("kill %1; wait %1 || true\n");
     // "kubectl for a person", without GitLab: a user added while kas is stopped, loaded by the
     // TLS kas below.
     // (In a subshell: the prelude's `cargo` execs the binary.)
@@ -195,6 +207,11 @@ async fn readme_standalone_rest_and_tls_examples_work_as_written() {
     assert!(named.contains("connection 4711 of agent 1 is not connected"), "{named}");
     assert_eq!(read(dir.path(), "curl-3.out"), r#"{"connections":[]}"#);
     assert_eq!(read(dir.path(), "curl-4.out"), r#"{"connections":[]}"#);
+    assert_eq!(
+        read(dir.path(), "gitops-1.out"),
+        r#"{"agent_id":"1","projects_from":"configuration","manifest_projects":[]}"#
+    );
+    assert_eq!(read(dir.path(), "gitops-2.out"), "", "the push is a 204 without a body");
     let standalone = read(dir.path(), "standalone.log");
     assert!(standalone.contains("standalone mode (in-memory registry"), "{standalone}");
     assert_eq!(read(dir.path(), "tls.out"), r#"{"connections":[]}"#);

@@ -55,7 +55,11 @@ async fn schemathesis_finds_no_server_errors_or_spec_violations() {
         // against it checks nothing of ours. Its own behaviour is tested with the real kubectl
         // (tests/kubectl.rs) and through KasApi (tests/kubernetes_api.rs).
         .args(["--exclude-path-regex", "/kubernetes/"])
-        .args(["--max-examples", "25", "--seed", &seed, "--workers", "2"])
+        // One worker: with two, schemathesis 4.32.5's coverage phase (hypothesis describing its
+        // filter lambdas with `ast.parse` in two threads at once) failed with CPython 3.11's
+        // "AST constructor recursion depth mismatch" on two runs of two, once there were five
+        // operations; with one it passes and takes as long.
+        .args(["--max-examples", "25", "--seed", &seed, "--workers", "1"])
         .args(["--generation-database", "none", "--no-color", "--request-timeout", "10"])
         // Reports and caches land in the cluster's temp dir, not the source tree.
         .current_dir(c.dir.path())
@@ -69,8 +73,8 @@ async fn schemathesis_finds_no_server_errors_or_spec_violations() {
         "schemathesis ({version}, seed {seed}) found problems:\n{stdout}\n{stderr}\n\
          reproduce with SCHEMATHESIS_SEED={seed}"
     );
-    // It really tested the three JSON operations (and only those).
-    assert!(stdout.contains("Tested: 3"), "schemathesis did not test the three JSON operations:\n{stdout}");
+    // It really tested the five JSON operations (and only those).
+    assert!(stdout.contains("Tested: 5"), "schemathesis did not test the five JSON operations:\n{stdout}");
     assert!(stdout.contains("No issues found"), "{stdout}");
     eprintln!("{stdout}");
 }

@@ -4,8 +4,10 @@
 //! registers every feature in [`all`], and the listeners serve what the features hand them.
 //!
 //! The specification's own services (`KasApi`, `KasInternal`, `AgentTunnel` in `server/`) keep
-//! their fixed method sets; each of their methods is a one-line call into the feature that
-//! implements it. A new feature adds its own gRPC service instead ([`Module::grpc_services`]).
+//! their method sets, plus the marked additions GitLab calls on `KasApi` (the Kubernetes API
+//! proxy, GitOps status and push events); each of their methods is a one-line call into the
+//! feature that implements it. A new feature adds its own gRPC service instead
+//! ([`Module::grpc_services`]).
 
 pub mod configuration;
 pub mod connected_agents;
@@ -58,12 +60,8 @@ pub struct ModuleContext {
     pub agent_auth: std::sync::Arc<crate::auth::agent_auth::AgentAuthenticator>,
     /// Agents' current configuration documents.
     pub configurations: std::sync::Arc<dyn configuration::ConfigurationSource>,
-    /// Git repositories read as configurations are (mirrors, shared polls, token bucket).
-    pub git: std::sync::Arc<configuration::AgentConfigurations>,
-    /// How often repositories are polled (`agents.configuration_poll_period`).
-    pub poll_period: std::time::Duration,
-    /// kas verifies agents with GitLab (`gitlab.address`).
-    pub gitlab_mode: bool,
+    /// GitOps's state, shared with `KasApi` and the REST gateway.
+    pub gitops: std::sync::Arc<gitops::state::GitopsState>,
     /// kas is shutting down: long-lived streams end (agentk reconnects to another kas).
     pub shutdown: tokio_util::sync::CancellationToken,
 }

@@ -2,19 +2,19 @@
 //! records do, so the same conformance suite applies. Several `MemoryRegistry` values can share
 //! one [`MemoryStore`] to act as several kas instances in one process (tests).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use kas_proto::kas::{ConnectedAgentInfo, KasInstanceInfo};
+use kas_proto::kas::{ConnectedAgentInfo, GitopsSync, KasInstanceInfo, git_push_event};
 use kas_proto::{AgentId, ConnectionId, ProjectId};
 use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 use super::{
-    AgentRegistry, EVENT_BUFFER, RegistryError, RegistryEvent, RegistryTiming, WindowCounts, record_key, sorted,
-    window_position,
+    AgentRegistry, EVENT_BUFFER, GitPush, GitopsStatusRecord, ManifestProjectKey, RegistryError, RegistryEvent,
+    RegistryTiming, WindowCounts, record_key, sorted, window_position,
 };
 
 type Key = (AgentId, ProjectId, ConnectionId);
@@ -34,6 +34,15 @@ struct Data {
     connection_counts: HashMap<(AgentId, u64), u64>,
     /// agent -> until when it counts as seen after its last connection was unregistered
     seen_until: HashMap<AgentId, Instant>,
+    /// agent -> its GitOps syncs (as Redis's `gitops:<agent>` hash)
+    gitops: HashMap<AgentId, GitopsEntry>,
+}
+
+#[derive(Debug)]
+struct GitopsEntry {
+    expires_at: Instant,
+    configured: Vec<ManifestProjectKey>,
+    syncs: BTreeMap<ManifestProjectKey, GitopsSync>,
 }
 
 /// The shared state (what Redis is for the Redis backend). Plain maps behind a lock that is
@@ -42,11 +51,16 @@ struct Data {
 pub struct MemoryStore {
     data: Arc<Mutex<Data>>,
     events: broadcast::Sender<RegistryEvent>,
+    pushes: broadcast::Sender<GitPush>,
 }
 
 impl Default for MemoryStore {
     fn default() -> Self {
-        Self { data: Arc::default(), events: broadcast::channel(EVENT_BUFFER).0 }
+        Self {
+            data: Arc::default(),
+            events: broadcast::channel(EVENT_BUFFER).0,
+            pushes: broadcast::channel(EVENT_BUFFER).0,
+        }
     }
 }
 
@@ -154,6 +168,7 @@ impl AgentRegistry for MemoryRegistry {
         data.entries.retain(|_, e| e.expires_at > now);
         data.instances.retain(|_, t| *t > now);
         data.seen_until.retain(|_, t| *t > now);
+        data.gitops.retain(|_, e| e.expires_at > now);
         Ok(())
     }
 
@@ -190,6 +205,56 @@ impl AgentRegistry for MemoryRegistry {
         let current = *count;
         let previous = index.checked_sub(1).and_then(|p| data.connection_counts.get(&(agent_id, p))).copied();
         Ok(WindowCounts { current, previous: previous.unwrap_or(0), elapsed })
+    }
+
+    async fn put_gitops_sync(
+        &self,
+        agent_id: AgentId,
+        sync: GitopsSync,
+        configured: &[ManifestProjectKey],
+        ttl: Duration,
+    ) -> Result<(), RegistryError> {
+        let key = sync
+            .report
+            .as_ref()
+            .map(ManifestProjectKey::of)
+            .ok_or_else(|| RegistryError("a sync without its report".into()))?;
+        let now = Instant::now();
+        let mut data = self.store.lock();
+        let entry = data.gitops.entry(agent_id).or_insert_with(|| GitopsEntry {
+            expires_at: now,
+            configured: Vec::new(),
+            syncs: BTreeMap::new(),
+        });
+        // An expired entry is gone, as an expired Redis key would be.
+        if entry.expires_at <= now {
+            entry.syncs.clear();
+        }
+        entry.expires_at = now + ttl;
+        entry.configured = configured.to_vec();
+        entry.syncs.insert(key, sync);
+        entry.syncs.retain(|k, _| configured.contains(k));
+        Ok(())
+    }
+
+    async fn gitops_status(&self, agent_id: AgentId) -> Result<GitopsStatusRecord, RegistryError> {
+        let now = Instant::now();
+        let data = self.store.lock();
+        Ok(match data.gitops.get(&agent_id) {
+            Some(e) if e.expires_at > now => {
+                GitopsStatusRecord { configured: e.configured.clone(), syncs: e.syncs.values().cloned().collect() }
+            }
+            _ => GitopsStatusRecord::default(),
+        })
+    }
+
+    async fn publish_git_push(&self, project: git_push_event::Project) -> Result<(), RegistryError> {
+        let _ = self.store.pushes.send(GitPush { project, received_at: Instant::now() });
+        Ok(())
+    }
+
+    fn subscribe_git_pushes(&self) -> broadcast::Receiver<GitPush> {
+        self.store.pushes.subscribe()
     }
 
     async fn remove_all_owned(&self) -> Result<(), RegistryError> {

@@ -7,6 +7,10 @@
 //! instance's id and internal address, refreshes them, heartbeats the instance, and on shutdown
 //! removes what it wrote. Readers only return records whose kas instance heartbeat is alive, so
 //! a crashed kas stops receiving traffic within the heartbeat TTL, not the record TTL.
+//!
+//! The registry also carries what GitOps shares between kas: agentk's last sync report per
+//! manifest project of an agent ([`AgentRegistry::put_gitops_sync`]), and push events
+//! ([`AgentRegistry::publish_git_push`]) that every kas receives.
 
 pub mod config;
 pub mod memory;
@@ -15,7 +19,7 @@ pub mod redis;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use kas_proto::kas::{ConnectedAgentInfo, KasInstanceInfo};
+use kas_proto::kas::{ConnectedAgentInfo, GitopsSync, KasInstanceInfo, git_push_event};
 use kas_proto::{AgentId, ConnectionId, ProjectId};
 use tokio::sync::broadcast;
 
@@ -51,6 +55,77 @@ impl RegistryEvent {
             Self::Connected { agent_id, .. } | Self::Disconnected { agent_id, .. } => Some(*agent_id),
             Self::Resynced => None,
         }
+    }
+}
+
+/// A push to a project, published by some kas ([`AgentRegistry::publish_git_push`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GitPush {
+    pub project: git_push_event::Project,
+    /// When this kas received it: polls that share a Git read compare it with when the read
+    /// started, so that a read begun before the push is not taken for its result.
+    pub received_at: tokio::time::Instant,
+}
+
+/// Waits for a push that `concerns`, and takes the pushes queued with it (a burst makes one
+/// wake-up). Returns when the newest of them arrived. A receiver that lagged missed pushes, which
+/// may have concerned it: it returns as if pushed to now. Never returns once the registry is gone.
+pub async fn next_git_push(
+    pushes: &mut broadcast::Receiver<GitPush>,
+    concerns: impl Fn(&GitPush) -> bool,
+) -> tokio::time::Instant {
+    use broadcast::error::{RecvError, TryRecvError};
+    let mut newest = loop {
+        match pushes.recv().await {
+            Ok(push) if concerns(&push) => break push.received_at,
+            Ok(_) => {}
+            Err(RecvError::Lagged(_)) => break tokio::time::Instant::now(),
+            Err(RecvError::Closed) => std::future::pending::<()>().await,
+        }
+    };
+    loop {
+        match pushes.try_recv() {
+            Ok(push) if concerns(&push) => newest = newest.max(push.received_at),
+            Ok(_) => {}
+            Err(TryRecvError::Lagged(_)) => newest = tokio::time::Instant::now(),
+            Err(TryRecvError::Empty | TryRecvError::Closed) => return newest,
+        }
+    }
+}
+
+/// One manifest project of an agent's configuration: its id as written and its ref as kas names
+/// it (`""`, `branch:<name>`, `tag:<name>`, `commit:<id>`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ManifestProjectKey {
+    pub project_id: String,
+    pub git_ref: String,
+}
+
+/// What the registry holds of an agent's GitOps syncs.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GitopsStatusRecord {
+    /// The agent's manifest projects as configured when its last report arrived.
+    pub configured: Vec<ManifestProjectKey>,
+    /// The last report of each of those projects that reported (in no particular order).
+    pub syncs: Vec<GitopsSync>,
+}
+
+impl GitopsStatusRecord {
+    /// The stored report of one manifest project.
+    pub fn sync(&self, key: &ManifestProjectKey) -> Option<&GitopsSync> {
+        self.syncs.iter().find(|s| s.report.as_ref().is_some_and(|r| key.matches(r)))
+    }
+}
+
+impl ManifestProjectKey {
+    /// Whether `report` is about this project and ref.
+    pub fn matches(&self, report: &kas_proto::gitops::SyncReport) -> bool {
+        report.project_id == self.project_id && report.r#ref == self.git_ref
+    }
+
+    /// The key a report is stored under.
+    pub fn of(report: &kas_proto::gitops::SyncReport) -> Self {
+        Self { project_id: report.project_id.clone(), git_ref: report.r#ref.clone() }
     }
 }
 
@@ -114,6 +189,25 @@ pub trait AgentRegistry: Send + Sync + 'static {
     /// of this window (including it) and of the previous one, across every kas sharing the store
     /// (the agent connection rate limit; see [`WindowCounts::sliding_estimate`]).
     async fn count_connection(&self, agent_id: AgentId, window: Duration) -> Result<WindowCounts, RegistryError>;
+    /// Stores agentk's report of a GitOps sync (replacing the last one of the same manifest
+    /// project and ref) with the agent's manifest projects as configured now; reports of projects
+    /// no longer configured are dropped. Readable by every kas sharing the store until `ttl`
+    /// after the agent's last report.
+    async fn put_gitops_sync(
+        &self,
+        agent_id: AgentId,
+        sync: GitopsSync,
+        configured: &[ManifestProjectKey],
+        ttl: Duration,
+    ) -> Result<(), RegistryError>;
+    /// What [`AgentRegistry::put_gitops_sync`] stored for the agent (empty when nothing, or
+    /// nothing within its ttl).
+    async fn gitops_status(&self, agent_id: AgentId) -> Result<GitopsStatusRecord, RegistryError>;
+    /// Tells every kas sharing the store (this one included) that a project was pushed to.
+    async fn publish_git_push(&self, project: git_push_event::Project) -> Result<(), RegistryError>;
+    /// Push events from every kas. A receiver that lags has missed some: it should act as if
+    /// every project had been pushed to.
+    fn subscribe_git_pushes(&self) -> broadcast::Receiver<GitPush>;
 }
 
 /// Sorts records the same way in every backend (agent id, then connection id).
@@ -159,7 +253,46 @@ pub fn new_instance_id() -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::WindowCounts;
+    use std::time::Duration;
+
+    use kas_proto::kas::git_push_event::Project;
+    use tokio::sync::broadcast;
+    use tokio::time::Instant;
+
+    use super::{GitPush, WindowCounts, next_git_push};
+
+    fn push(id: i64, full_path: &str, received_at: Instant) -> GitPush {
+        GitPush { project: Project { id, full_path: full_path.into() }, received_at }
+    }
+
+    fn manifests(push: &GitPush) -> bool {
+        push.project.full_path == "group/manifests" || push.project.id == 7
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_of_pushes_is_one_wake_up_and_other_projects_wake_nothing() {
+        let (tx, mut rx) = broadcast::channel(16);
+        let t0 = Instant::now();
+        tx.send(push(0, "group/other", t0)).unwrap();
+        tx.send(push(0, "group/manifests", t0)).unwrap();
+        tx.send(push(7, "group/renamed", t0 + Duration::from_millis(5))).unwrap();
+        tx.send(push(0, "group/other", t0)).unwrap();
+        // One wake-up for the queued ones, at the newest that concerns us.
+        assert_eq!(next_git_push(&mut rx, manifests).await, t0 + Duration::from_millis(5));
+        tx.send(push(0, "group/other", t0)).unwrap();
+        let waiting = tokio::time::timeout(Duration::from_secs(1), next_git_push(&mut rx, manifests)).await;
+        assert!(waiting.is_err(), "a push to another project woke it");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_receiver_that_lagged_wakes_up() {
+        let (tx, mut rx) = broadcast::channel(2);
+        for _ in 0..5 {
+            tx.send(push(0, "group/other", Instant::now())).unwrap();
+        }
+        let woke = tokio::time::timeout(Duration::from_secs(1), next_git_push(&mut rx, manifests)).await;
+        assert!(woke.is_ok(), "missed pushes could have been this project's");
+    }
 
     #[test]
     fn the_sliding_estimate_carries_the_previous_window_over_a_boundary() {

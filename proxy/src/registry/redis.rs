@@ -6,6 +6,14 @@
 //!   the same expiry, and the keys get a PEXPIRE of the record TTL.
 //! - `P:kas:<instance id>`: this kas's `KasInstanceInfo`, with a short TTL (the heartbeat).
 //! - `P:events`: pub-sub channel of `ConnectionEvent`s.
+//! - `P:gitops:<agent id>`: hash of the agent's GitOps syncs: field `projects` =
+//!   `GitopsManifestProjects` (the agent's manifest projects as configured at its last report),
+//!   field `sync:<hex SHA-256 of project id, NUL, ref>` = `kas.v1.GitopsSync` (the last report of
+//!   that project and ref). PEXPIRE = `gitops.status_ttl`, renewed by every report; one script
+//!   writes a report, the list, drops reports of projects no longer configured and renews the
+//!   expiry, atomically.
+//! - `P:git_push`: pub-sub channel of `kas.v1.GitPushEvent`s (pushes, from any kas), on the same
+//!   subscription as the events.
 //!
 //! Every write this kas makes is remembered locally (`owned`), so a refresh rewrites all of it in
 //! one pipelined transaction (one round trip however many agents), and a registration that
@@ -28,8 +36,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
-use kas_proto::kas::{ConnectedAgentInfo, KasInstanceInfo};
-use kas_proto::registry::{ConnectionEvent, ExpiringValue, connection_event};
+use kas_proto::kas::{ConnectedAgentInfo, GitPushEvent, GitopsSync, KasInstanceInfo, git_push_event};
+use kas_proto::registry::{
+    ConnectionEvent, ExpiringValue, GitopsManifestProjects, connection_event, gitops_manifest_projects,
+};
 use kas_proto::{AgentId, ConnectionId, ProjectId};
 use prost::Message;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -39,7 +49,8 @@ use tokio::sync::{Notify, OnceCell, broadcast};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::{
-    AgentRegistry, EVENT_BUFFER, RegistryError, RegistryEvent, RegistryTiming, WindowCounts, record_key, sorted,
+    AgentRegistry, EVENT_BUFFER, GitPush, GitopsStatusRecord, ManifestProjectKey, RegistryError, RegistryEvent,
+    RegistryTiming, WindowCounts, record_key, sorted,
 };
 
 /// A Redis call that takes longer is failed: a slow Redis must not stall routing.
@@ -126,7 +137,41 @@ impl Keys {
     fn connection_count(&self, agent: AgentId, window: u64) -> String {
         format!("{}:conn-rate:{agent}:{window}", self.prefix)
     }
+    fn gitops(&self, agent: AgentId) -> String {
+        format!("{}:gitops:{agent}", self.prefix)
+    }
+    fn git_push(&self) -> String {
+        format!("{}:git_push", self.prefix)
+    }
 }
+
+/// The field of `P:gitops:<agent>` holding the configured manifest projects.
+const GITOPS_PROJECTS_FIELD: &str = "projects";
+
+/// The field of `P:gitops:<agent>` holding the last report of one manifest project and ref (a
+/// digest: ids and refs may hold any character).
+fn gitops_sync_field(key: &ManifestProjectKey) -> String {
+    use sha2::{Digest, Sha256};
+    let mut digest = Sha256::new();
+    digest.update(key.project_id.as_bytes());
+    digest.update([0]);
+    digest.update(key.git_ref.as_bytes());
+    format!("sync:{}", hex::encode(digest.finalize()))
+}
+
+/// Writes one report and the configured list, drops the reports of projects no longer
+/// configured, and renews the expiry, in one step. KEYS[1]: the agent's hash; ARGV: the expiry
+/// (ms), the list, the report's field and value, then the fields of every configured project.
+const PUT_GITOPS_SYNC: &str = r"
+redis.call('HSET', KEYS[1], 'projects', ARGV[2], ARGV[3], ARGV[4])
+local keep = {}
+for i = 5, #ARGV do keep[ARGV[i]] = true end
+for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
+  if field ~= 'projects' and not keep[field] then redis.call('HDEL', KEYS[1], field) end
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return 1
+";
 
 #[derive(Debug, Clone)]
 struct OwnedRecord {
@@ -151,6 +196,8 @@ pub struct Inner {
     /// Hash keys this kas has written (what GC sweeps).
     written_keys: Mutex<HashSet<String>>,
     events: broadcast::Sender<RegistryEvent>,
+    /// Push events from the `git_push` channel.
+    pushes: broadcast::Sender<GitPush>,
     round_trips: AtomicU64,
     /// Wakes the resync task.
     resync: Notify,
@@ -247,6 +294,7 @@ impl RedisRegistry {
             owned: Mutex::default(),
             written_keys: Mutex::default(),
             events,
+            pushes: broadcast::channel(EVENT_BUFFER).0,
             round_trips: AtomicU64::new(0),
             resync: Notify::new(),
             failed_since_resync: AtomicBool::new(false),
@@ -534,6 +582,66 @@ impl AgentRegistry for RedisRegistry {
         Ok(WindowCounts { current, previous: previous.unwrap_or(0), elapsed })
     }
 
+    async fn put_gitops_sync(
+        &self,
+        agent_id: AgentId,
+        sync: GitopsSync,
+        configured: &[ManifestProjectKey],
+        ttl: Duration,
+    ) -> Result<(), RegistryError> {
+        let key = sync
+            .report
+            .as_ref()
+            .map(ManifestProjectKey::of)
+            .ok_or_else(|| RegistryError("a sync without its report".into()))?;
+        let projects = GitopsManifestProjects {
+            projects: configured
+                .iter()
+                .map(|k| gitops_manifest_projects::Entry { project_id: k.project_id.clone(), r#ref: k.git_ref.clone() })
+                .collect(),
+        };
+        let mut pipe = redis::pipe();
+        let cmd = pipe.cmd("EVAL").arg(PUT_GITOPS_SYNC).arg(1).arg(self.keys.gitops(agent_id));
+        cmd.arg(ms(ttl).max(1)).arg(projects.encode_to_vec()).arg(gitops_sync_field(&key)).arg(sync.encode_to_vec());
+        for k in configured {
+            cmd.arg(gitops_sync_field(k));
+        }
+        cmd.ignore();
+        self.query("put_gitops_sync", &pipe).await
+    }
+
+    async fn gitops_status(&self, agent_id: AgentId) -> Result<GitopsStatusRecord, RegistryError> {
+        let (fields,): (HashMap<String, Vec<u8>>,) =
+            self.query("gitops_status", redis::pipe().hgetall(self.keys.gitops(agent_id))).await?;
+        let mut record = GitopsStatusRecord::default();
+        for (field, raw) in fields {
+            if field == GITOPS_PROJECTS_FIELD {
+                let projects = GitopsManifestProjects::decode(raw.as_slice())
+                    .map_err(|e| err("gitops_status", format!("{field}: {e}")))?;
+                record.configured = projects
+                    .projects
+                    .into_iter()
+                    .map(|p| ManifestProjectKey { project_id: p.project_id, git_ref: p.r#ref })
+                    .collect();
+            } else {
+                record.syncs.push(
+                    GitopsSync::decode(raw.as_slice()).map_err(|e| err("gitops_status", format!("{field}: {e}")))?,
+                );
+            }
+        }
+        Ok(record)
+    }
+
+    async fn publish_git_push(&self, project: git_push_event::Project) -> Result<(), RegistryError> {
+        let event = GitPushEvent { project: Some(project) };
+        self.query("publish_git_push", redis::pipe().publish(self.keys.git_push(), event.encode_to_vec()).ignore())
+            .await
+    }
+
+    fn subscribe_git_pushes(&self) -> broadcast::Receiver<GitPush> {
+        self.pushes.subscribe()
+    }
+
     async fn remove_all_owned(&self) -> Result<(), RegistryError> {
         self.closed.store(true, Ordering::Relaxed);
         let owned: Vec<_> = self.owned().drain().collect();
@@ -590,10 +698,12 @@ async fn resync_task(inner: Arc<Inner>, stop: CancellationToken) {
     }
 }
 
-/// Forwards the events channel to local subscribers, re-subscribing after Redis failures. A
-/// subscription re-established after it broke starts a resync (Redis may be back empty).
+/// Forwards the events and push channels to local subscribers, re-subscribing after Redis
+/// failures. A subscription re-established after it broke starts a resync (Redis may be back
+/// empty).
 async fn subscribe_events(inner: Arc<Inner>, connect_timeout: Duration, stop: CancellationToken) {
     let channel = inner.keys.events();
+    let push_channel = inner.keys.git_push();
     let events = inner.events.clone();
     let mut delay = Duration::from_millis(50);
     let mut interrupted = false;
@@ -604,7 +714,7 @@ async fn subscribe_events(inner: Arc<Inner>, connect_timeout: Duration, stop: Ca
             // Bounded: a blackholed Redis must not stall re-subscribing for the OS connect timeout.
             let mut pubsub = tokio::time::timeout(connect_timeout, async {
                 let mut pubsub = inner.client.get_async_pubsub().await.map_err(|e| err("subscribe", e))?;
-                pubsub.subscribe(&channel).await.map_err(|e| err("subscribe", e))?;
+                pubsub.subscribe(&[&channel, &push_channel]).await.map_err(|e| err("subscribe", e))?;
                 Ok::<_, RegistryError>(pubsub)
             })
             .await
@@ -618,6 +728,12 @@ async fn subscribe_events(inner: Arc<Inner>, connect_timeout: Duration, stop: Ca
             }
             let mut messages = pubsub.on_message();
             while let Some(msg) = messages.next().await {
+                if msg.get_channel_name() == push_channel {
+                    if let Ok(GitPushEvent { project: Some(project) }) = GitPushEvent::decode(msg.get_payload_bytes()) {
+                        let _ = inner.pushes.send(GitPush { project, received_at: tokio::time::Instant::now() });
+                    }
+                    continue;
+                }
                 let Ok(ev) = ConnectionEvent::decode(msg.get_payload_bytes()) else { continue };
                 let (agent_id, connection_id) = (AgentId(ev.agent_id), ConnectionId(ev.connection_id));
                 let event = match connection_event::Kind::try_from(ev.kind) {

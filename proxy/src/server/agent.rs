@@ -16,8 +16,8 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::agent_auth::AgentAuthenticator;
 use crate::error::KasError;
-use crate::modules::configuration::ConfigurationSource;
-use crate::registry::AgentRegistry;
+use crate::modules::configuration::{ConfigurationSource, is_pushed};
+use crate::registry::{AgentRegistry, next_git_push};
 use crate::tunnel::{TunnelIo, TunnelRegistry};
 
 /// A tunnel must describe itself promptly; a silent stream only holds resources.
@@ -83,6 +83,8 @@ impl AgentTunnel for AgentService {
             // The registry is down: do not lock agents out for it.
             Err(e) => tracing::warn!(%agent_id, error = %e, "counting the agent connection failed"),
         }
+        // Subscribed before the first read: a push during it is not lost.
+        let mut pushes = self.registry.subscribe_git_pushes();
         let first = self.configurations.configuration(&agent).await?;
         match self.tunnels.connection_up(agent_id, connection_id).await {
             Ok(true) => {}
@@ -131,7 +133,7 @@ impl AgentTunnel for AgentService {
                 let _ = tx.send(Ok(first)).await;
             }
             loop {
-                tokio::select! {
+                let since = tokio::select! {
                     () = tx.closed() => break,
                     // Ending the stream tells agentk to reconnect, to another kas when there is one.
                     () = shutdown.cancelled() => break,
@@ -139,9 +141,11 @@ impl AgentTunnel for AgentService {
                         tracing::info!(%agent_id, %connection_id, "agent connection reached its maximum age; ending it");
                         break;
                     }
-                    () = tokio::time::sleep(jittered(poll_period)) => {}
-                }
-                match configurations.configuration(&agent).await {
+                    () = tokio::time::sleep(jittered(poll_period)) => None,
+                    // A push to the configuration project: read it now, not at the next period.
+                    pushed = next_git_push(&mut pushes, |push| is_pushed(&agent, push)) => Some(pushed),
+                };
+                match configurations.configuration_since(&agent, since).await {
                     Ok(update) if update.commit_id != last_commit => {
                         tracing::info!(%agent_id, commit_id = %update.commit_id, "agent configuration changed");
                         last_commit.clone_from(&update.commit_id);

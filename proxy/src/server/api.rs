@@ -4,7 +4,8 @@
 use kas_proto::kas::kas_api_server::KasApi;
 use kas_proto::kas::{
     ConnectedAgentsByIdRequest, ConnectedAgentsByIdResponse, ConnectedAgentsForProjectRequest,
-    ConnectedAgentsForProjectResponse, GetPodsRequest, GetPodsResponse, KubernetesRequest,
+    ConnectedAgentsForProjectResponse, GetGitopsStatusRequest, GetGitopsStatusResponse, GetPodsRequest,
+    GetPodsResponse, GitPushEventRequest, GitPushEventResponse, KubernetesRequest,
 };
 use kas_proto::{AgentId, ProjectId};
 use tonic::{Request, Response, Status, Streaming};
@@ -12,11 +13,12 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::auth::JwtVerifier;
 use crate::error::KasError;
 use crate::modules::get_pods::{self, Scope};
-use crate::modules::{connected_agents, kubernetes_api};
+use crate::modules::{connected_agents, gitops, kubernetes_api};
 use crate::router::Router;
 
 pub struct ApiService {
     pub router: Router,
+    pub gitops: std::sync::Arc<gitops::state::GitopsState>,
 }
 
 /// Rejects calls without a valid JWT, then removes the credential so nothing forwards it.
@@ -66,5 +68,22 @@ impl KasApi for ApiService {
         let response =
             get_pods::get_pods(&self.router, Scope::External, request.into_inner(), metadata, deadline).await?;
         Ok(Response::new(response))
+    }
+
+    async fn get_gitops_status(
+        &self,
+        request: Request<GetGitopsStatusRequest>,
+    ) -> Result<Response<GetGitopsStatusResponse>, Status> {
+        let agent_id = AgentId::from_wire("agent_id", request.into_inner().agent_id).map_err(KasError::from)?;
+        Ok(Response::new(gitops::status::status(&self.gitops, agent_id).await?))
+    }
+
+    async fn git_push_event(
+        &self,
+        request: Request<GitPushEventRequest>,
+    ) -> Result<Response<GitPushEventResponse>, Status> {
+        let event = request.into_inner().event.unwrap_or_default();
+        gitops::push::publish(&self.gitops, event.project.as_ref()).await?;
+        Ok(Response::new(GitPushEventResponse {}))
     }
 }

@@ -25,7 +25,14 @@ struct Stored<V> {
     expires_at: Instant,
 }
 
-type Cell<V> = Arc<OnceCell<Stored<V>>>;
+/// One answer, loaded once; `created` is when its load began.
+#[derive(Debug)]
+struct Slot<V> {
+    created: Instant,
+    cell: OnceCell<Stored<V>>,
+}
+
+type Cell<V> = Arc<Slot<V>>;
 
 #[derive(Debug)]
 pub struct TtlCache<V> {
@@ -47,8 +54,25 @@ impl<V: Clone> TtlCache<V> {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<V, KasError>>,
     {
-        let cell = self.cell(key);
-        let stored = cell
+        self.get_or_fetch_since(key, None, fetch).await
+    }
+
+    /// [`TtlCache::get_or_fetch`], but an answer whose load began before `since` counts as
+    /// expired (something changed at `since`: only a load begun after it may answer). Callers
+    /// passing the same `since` still share one load.
+    pub async fn get_or_fetch_since<F, Fut>(
+        &self,
+        key: CacheKey,
+        since: Option<Instant>,
+        fetch: F,
+    ) -> Result<V, KasError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<V, KasError>>,
+    {
+        let slot = self.cell(key, since);
+        let stored = slot
+            .cell
             .get_or_init(|| async {
                 let value = fetch().await;
                 let ttl = match &value {
@@ -81,32 +105,35 @@ impl<V: Clone> TtlCache<V> {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The cell for `key`: the current one unless it holds an expired answer.
-    fn cell(&self, key: CacheKey) -> Cell<V> {
+    /// The cell for `key`: the current one unless it holds an expired answer or began loading
+    /// before `since`.
+    fn cell(&self, key: CacheKey, since: Option<Instant>) -> Cell<V> {
         let now = Instant::now();
         let mut entries = self.lock();
-        if let Some(cell) = entries.get(&key) {
-            match cell.get() {
+        if let Some(slot) = entries.get(&key) {
+            let outdated = since.is_some_and(|since| slot.created < since);
+            match slot.cell.get() {
                 Some(stored) if stored.expires_at <= now => {} // expired: replaced below
-                _ => return cell.clone(),
+                _ if outdated => {}
+                _ => return slot.clone(),
             }
         } else if entries.len() >= self.max_entries {
             evict(&mut entries, now, self.max_entries);
         }
-        let cell = Arc::new(OnceCell::new());
-        entries.insert(key, cell.clone());
-        cell
+        let slot = Arc::new(Slot { created: now, cell: OnceCell::new() });
+        entries.insert(key, slot.clone());
+        slot
     }
 }
 
 /// Makes room for one more entry: expired answers go first, then the answers expiring soonest,
 /// then (only if every entry is still loading) any entry.
 fn evict<V>(entries: &mut HashMap<CacheKey, Cell<V>>, now: Instant, max_entries: usize) {
-    entries.retain(|_, c| c.get().is_none_or(|s| s.expires_at > now));
+    entries.retain(|_, c| c.cell.get().is_none_or(|s| s.expires_at > now));
     while entries.len() >= max_entries {
         let victim = entries
             .iter()
-            .filter_map(|(k, c)| c.get().map(|s| (s.expires_at, *k)))
+            .filter_map(|(k, c)| c.cell.get().map(|s| (s.expires_at, *k)))
             .min()
             .map(|(_, k)| k)
             .or_else(|| entries.keys().next().copied());
@@ -203,5 +230,35 @@ mod tests {
             cache.get_or_fetch(key(n), || async { Ok(0) }).await.unwrap();
             assert!(cache.len() <= 3);
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_loaded_before_since_is_loaded_again_once() {
+        let cache = Arc::new(TtlCache::<u32>::new(Duration::from_secs(60), Duration::from_secs(5), 10));
+        let fetches = Arc::new(AtomicUsize::new(0));
+        let fetch = |fetches: Arc<AtomicUsize>| async move {
+            let n = fetches.fetch_add(1, Ordering::SeqCst) as u32;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            Ok(n)
+        };
+        assert_eq!(cache.get_or_fetch(key(1), || fetch(fetches.clone())).await.unwrap(), 0);
+        tokio::time::advance(Duration::from_secs(2)).await;
+        // Something changed now: callers asking for answers since then share one new load.
+        let since = Instant::now();
+        let tasks: Vec<_> = (0..5)
+            .map(|_| {
+                let (cache, fetches) = (cache.clone(), fetches.clone());
+                tokio::spawn(async move { cache.get_or_fetch_since(key(1), Some(since), || fetch(fetches)).await })
+            })
+            .collect();
+        for t in tasks {
+            assert_eq!(t.await.unwrap().unwrap(), 1);
+        }
+        assert_eq!(fetches.load(Ordering::SeqCst), 2);
+        // Without `since` (or with an older one) the new answer is reused.
+        assert_eq!(cache.get_or_fetch(key(1), || fetch(fetches.clone())).await.unwrap(), 1);
+        let older = since - Duration::from_secs(1);
+        assert_eq!(cache.get_or_fetch_since(key(1), Some(older), || fetch(fetches.clone())).await.unwrap(), 1);
+        assert_eq!(fetches.load(Ordering::SeqCst), 2);
     }
 }

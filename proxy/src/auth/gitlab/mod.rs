@@ -11,7 +11,8 @@
 //! share one request. Requests to GitLab pass a [`TokenBucket`]. Tokens are never logged.
 //!
 //! [`caller_access`] asks GitLab about callers of the Kubernetes API proxy (CI job tokens,
-//! personal access tokens) through the same client, so the same bucket.
+//! personal access tokens) through the same client, so the same bucket, and
+//! [`GitlabClient::project_info`] where a GitOps manifest project is, as the agent sees it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,6 +40,8 @@ use crate::tools::ttl_cache::TtlCache;
 
 /// GitLab's internal API path answering "whose agent token is this".
 pub const AGENT_INFO_PATH: &str = "/api/v4/internal/kubernetes/agent_info";
+/// GitLab's internal API path answering "where is this project, and may this agent read it".
+pub const PROJECT_INFO_PATH: &str = "/api/v4/internal/kubernetes/project_info";
 /// The header carrying kas's JWT on requests to GitLab's internal API.
 pub const API_REQUEST_HEADER: &str = "Gitlab-Kas-Api-Request";
 /// Audience of kas -> GitLab JWTs (the issuer is [`KAS_ISSUER`], `gitlab-kas`).
@@ -102,6 +105,30 @@ impl AgentInfo {
     }
 }
 
+/// GitLab's project_info answer (unknown fields ignored, `gitaly_info` not read: this kas reads
+/// repositories over HTTP or from a path, see `gitlab.repository_url`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ProjectInfo {
+    pub project_id: i64,
+    #[serde(default)]
+    pub gitaly_repository: Option<GitalyRepository>,
+    #[serde(default)]
+    pub default_branch: String,
+}
+
+impl ProjectInfo {
+    /// The project's repository (its default branch) located by `repositories`.
+    pub fn repository(
+        &self,
+        repositories: &RepositoryUrlTemplate,
+        gitlab: &str,
+    ) -> Result<crate::agent::GitRepository, String> {
+        let repository =
+            self.gitaly_repository.as_ref().ok_or("GitLab's project_info names no repository".to_owned())?;
+        repositories.render(gitlab, repository, &self.default_branch)
+    }
+}
+
 /// Building the GitLab client failed (bad CA file, bad address).
 #[derive(Debug, thiserror::Error)]
 pub enum GitlabSetupError {
@@ -116,6 +143,7 @@ pub enum GitlabSetupError {
 pub struct GitlabClient {
     http: reqwest::Client,
     agent_info_url: String,
+    project_info_url: String,
     allowed_agents_url: String,
     authorize_proxy_user_url: String,
     secret: Secret,
@@ -145,6 +173,7 @@ impl GitlabClient {
         Ok(Self {
             http,
             agent_info_url: format!("{base}{AGENT_INFO_PATH}"),
+            project_info_url: format!("{base}{PROJECT_INFO_PATH}"),
             allowed_agents_url: format!("{base}{}", caller_access::ALLOWED_AGENTS_PATH),
             authorize_proxy_user_url: format!("{base}{}", caller_access::AUTHORIZE_PROXY_USER_PATH),
             secret,
@@ -155,6 +184,61 @@ impl GitlabClient {
     /// Asks GitLab whose token this is (one request, rate limited, not cached).
     pub async fn agent_info(&self, token: &str) -> Result<AgentInfo, KasError> {
         counted(self.agent_info_uncounted(token).await)
+    }
+
+    /// Where `project` (a full path or a numeric id) is, and its default branch, as the agent
+    /// holding `token` sees it (one request, rate limited, not cached). GitLab answers 403 when
+    /// the agent may not read the project (PERMISSION_DENIED) and 404 when there is no such
+    /// project (NOT_FOUND).
+    pub async fn project_info(&self, token: &str, project: &str) -> Result<ProjectInfo, KasError> {
+        counted(self.project_info_uncounted(token, project).await)
+    }
+
+    async fn project_info_uncounted(&self, token: &str, project: &str) -> Result<ProjectInfo, KasError> {
+        self.acquire().await?;
+        let jwt = self.api_jwt()?;
+        let mut authorization = http::HeaderValue::try_from(format!("Bearer {token}"))
+            .map_err(|_| KasError::Unauthenticated("malformed agent token".into()))?;
+        authorization.set_sensitive(true);
+        let response = self
+            .http
+            .get(&self.project_info_url)
+            .query(&[("id", project)])
+            .header(http::header::AUTHORIZATION, authorization)
+            .header(API_REQUEST_HEADER, jwt)
+            .send()
+            .await
+            .map_err(|e| unavailable(&e, "project_info"))?;
+        match response.status() {
+            http::StatusCode::OK => {}
+            http::StatusCode::UNAUTHORIZED => {
+                return Err(KasError::Unauthenticated("invalid agent token (GitLab answered 401 Unauthorized)".into()));
+            }
+            http::StatusCode::FORBIDDEN => {
+                return Err(KasError::PermissionDenied(format!(
+                    "the agent may not read project \"{project}\" (GitLab's project_info answered 403 Forbidden)"
+                )));
+            }
+            http::StatusCode::NOT_FOUND => {
+                return Err(KasError::NotFound(format!(
+                    "GitLab has no project \"{project}\" (project_info answered 404 Not Found)"
+                )));
+            }
+            other => {
+                tracing::warn!(status = %other, "GitLab project_info failed");
+                return Err(KasError::GitlabUnavailable(format!("project_info answered HTTP {other}")));
+            }
+        }
+        let body = read_body(response, MAX_RESPONSE_BYTES, "project_info").await?;
+        let info: ProjectInfo = serde_json::from_slice(&body)
+            .map_err(|e| KasError::GitlabUnavailable(format!("invalid project_info response: {e}")))?;
+        if info.project_id <= 0 {
+            return Err(KasError::GitlabUnavailable(format!(
+                "invalid project_info response: project_id {} must be positive",
+                info.project_id
+            )));
+        }
+        Ok(info)
     }
 
     /// Waits for kas's GitLab request bucket (every request to GitLab passes it).
@@ -216,6 +300,7 @@ fn counted<T>(result: Result<T, KasError>) -> Result<T, KasError> {
         Ok(_) => "ok",
         Err(KasError::Unauthenticated(_)) => "unauthenticated",
         Err(KasError::PermissionDenied(_)) => "permission_denied",
+        Err(KasError::NotFound(_)) => "not_found",
         Err(KasError::RateLimited(_)) => "rate_limited",
         Err(_) => "unavailable",
     });
@@ -332,6 +417,24 @@ mod tests {
         assert_eq!(info.default_branch, "main");
         assert_eq!(info.gitaly_repository.unwrap().gl_project_path, "group/agents");
         assert!(!format!("{:?}", info.gitaly_info).contains("gitaly-secret"), "the Gitaly token is not kept");
+    }
+
+    #[test]
+    fn project_info_names_the_repository_and_its_default_branch() {
+        let body = r#"{
+            "project_id": 9,
+            "gitaly_info": {"address": "tcp://gitaly:8075", "token": "gitaly-secret"},
+            "gitaly_repository": {"storage_name": "default", "relative_path": "@hashed/cc.git",
+                "gl_repository": "project-9", "gl_project_path": "platform/manifests"},
+            "default_branch": "trunk", "new_field": {}
+        }"#;
+        let info: ProjectInfo = serde_json::from_str(body).unwrap();
+        let template = RepositoryUrlTemplate::parse(config::DEFAULT_GITLAB_REPOSITORY_URL).unwrap();
+        let repository = info.repository(&template, "https://gitlab.example.com").unwrap();
+        assert_eq!(repository.location.to_string(), "https://gitlab.example.com/platform/manifests.git");
+        assert_eq!(repository.branch.as_deref(), Some("trunk"));
+        let bare: ProjectInfo = serde_json::from_str(r#"{"project_id": 9}"#).unwrap();
+        assert!(bare.repository(&template, "https://g").unwrap_err().contains("names no repository"));
     }
 
     #[test]

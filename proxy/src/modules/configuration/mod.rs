@@ -27,7 +27,17 @@ use crate::tools::ttl_cache::TtlCache;
 #[async_trait::async_trait]
 pub trait ConfigurationSource: Send + Sync + 'static {
     /// The agent's current configuration.
-    async fn configuration(&self, agent: &AgentIdentity) -> Result<pb::ConfigurationResponse, KasError>;
+    async fn configuration(&self, agent: &AgentIdentity) -> Result<pb::ConfigurationResponse, KasError> {
+        self.configuration_since(agent, None).await
+    }
+
+    /// The agent's configuration, read at `since` or later when given (a push to its
+    /// configuration project arrived then: a shared read begun earlier may not have seen it).
+    async fn configuration_since(
+        &self,
+        agent: &AgentIdentity,
+        since: Option<tokio::time::Instant>,
+    ) -> Result<pb::ConfigurationResponse, KasError>;
 
     /// The agent's current configuration document, with what only kas reads (`ci_access`,
     /// `user_access`).
@@ -67,10 +77,21 @@ impl AgentConfigurations {
     /// The commit `repository`'s branch points to, and the directory to read it from (shared
     /// polls, the token bucket, kas's mirror for remote repositories).
     pub async fn resolve(&self, repository: &GitRepository) -> Result<(PathBuf, String), KasError> {
+        self.resolve_since(repository, None).await
+    }
+
+    /// [`AgentConfigurations::resolve`] with a read that began at `since` or later (a push
+    /// arrived then: a read that began before it may not have seen it). Polls passing the same
+    /// `since` still share one read.
+    pub async fn resolve_since(
+        &self,
+        repository: &GitRepository,
+        since: Option<tokio::time::Instant>,
+    ) -> Result<(PathBuf, String), KasError> {
         let key: [u8; 32] = Sha256::digest(format!("{:?}", repository)).into();
         let commit = self
             .commits
-            .get_or_fetch(key, || async {
+            .get_or_fetch_since(key, since, || async {
                 self.limiter.acquire().await.map_err(|e| {
                     KasError::RateLimited(format!("configuration repository {}: {e}", repository.location))
                 })?;
@@ -106,12 +127,16 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, KasError> + S
 
 #[async_trait::async_trait]
 impl ConfigurationSource for AgentConfigurations {
-    async fn configuration(&self, agent: &AgentIdentity) -> Result<pb::ConfigurationResponse, KasError> {
+    async fn configuration_since(
+        &self,
+        agent: &AgentIdentity,
+        since: Option<tokio::time::Instant>,
+    ) -> Result<pb::ConfigurationResponse, KasError> {
         let repository = match source_of(agent)? {
             Source::Git(repository) => repository,
             Source::Fixed(document) => return Ok(document.to_response()),
         };
-        let (dir, commit) = self.resolve(repository).await?;
+        let (dir, commit) = self.resolve_since(repository, since).await?;
         let (name, max) = (agent.name.clone(), self.max_config_bytes);
         blocking(move || git::read_configuration_at(&dir, &commit, &name, max)).await
     }
@@ -124,6 +149,19 @@ impl ConfigurationSource for AgentConfigurations {
         let (dir, commit) = self.resolve(repository).await?;
         let (name, max) = (agent.name.clone(), self.max_config_bytes);
         blocking(move || git::read_document_at(&dir, &commit, &name, max)).await
+    }
+}
+
+/// Whether a push (`KasApi.GitPushEvent`) is to the agent's configuration project: GitLab's id
+/// of it (the agent's project id, GitLab mode), or its repository as the static agents file names
+/// it (`configuration_repository`). Fixed configurations are never pushed to.
+pub fn is_pushed(agent: &AgentIdentity, push: &crate::registry::GitPush) -> bool {
+    match &agent.configuration {
+        ConfigurationOrigin::Git(repository) => {
+            (push.project.id > 0 && push.project.id == agent.project_id.0)
+                || push.project.full_path == repository.location.to_string()
+        }
+        ConfigurationOrigin::Static(_) | ConfigurationOrigin::Unusable(_) => false,
     }
 }
 

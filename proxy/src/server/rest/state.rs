@@ -25,6 +25,8 @@ pub struct RestState {
     pub config: std::sync::Arc<RestConfig>,
     /// Verifies the other callers of the Kubernetes API proxy (CI jobs, people).
     pub callers: crate::modules::kubernetes_api::callers::CallerVerifiers,
+    /// GitOps status and push events (the same state `KasApi` uses).
+    pub gitops: std::sync::Arc<crate::modules::gitops::state::GitopsState>,
 }
 
 /// The whitelisted caller headers (`FORWARDED_METADATA`) as tunnel metadata for agentk.

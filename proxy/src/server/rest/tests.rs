@@ -46,9 +46,42 @@ fn fixture_with(config: RestConfig, max_wait: Duration) -> Fixture {
         verifier: JwtVerifier::gitlab(&secret),
         config: config.into(),
         callers: Default::default(),
+        gitops: gitops_state(registry.clone()),
     };
     let app = router(state, &crate::modules::all());
     Fixture { app, secret, registry, _stop: stop.drop_guard() }
+}
+
+/// Agent 1 of the static agents file has two manifest projects; agent 2 none.
+const GITOPS_CONFIGURATION: &str = "gitops:\n  manifest_projects:\n    - id: group/manifests\n    \
+                                    - id: group/other\n      ref: {branch: stable}\n";
+
+fn gitops_state(registry: Arc<dyn AgentRegistry>) -> Arc<crate::modules::gitops::state::GitopsState> {
+    use crate::auth::StaticAgents;
+    use crate::auth::agent_token::{StaticAgent, StaticAgentsFile};
+    let agent = |id, configuration| StaticAgent {
+        id,
+        name: format!("agent-{id}"),
+        project_id: 10,
+        token_sha256: crate::auth::agent_token::token_sha256_hex(&format!("token-{id}")),
+        configuration,
+        configuration_repository: None,
+        configuration_branch: None,
+    };
+    let document = crate::agent::AgentConfigDocument::parse(GITOPS_CONFIGURATION).unwrap();
+    let agents = StaticAgents::new(StaticAgentsFile { agents: vec![agent(1, Some(document)), agent(2, None)] });
+    let git = Arc::new(
+        crate::modules::configuration::AgentConfigurations::new(&Default::default(), Duration::from_secs(20)).unwrap(),
+    );
+    Arc::new(crate::modules::gitops::state::GitopsState {
+        config: Default::default(),
+        registry,
+        configurations: git.clone(),
+        git,
+        repositories: crate::modules::gitops::repository::ManifestRepositories::Static,
+        static_agents: Some(Arc::new(agents)),
+        shutdown: CancellationToken::new(),
+    })
 }
 
 fn fixture() -> Fixture {
@@ -274,6 +307,7 @@ async fn openapi_and_swagger_ui_are_public() {
         ("/api/v1/agents/{agent_id}/connections", "connectedAgentsById"),
         ("/api/v1/projects/{project_id}/agents", "connectedAgentsForProject"),
         ("/api/v1/agents/{agent_id}/pods", "getPods"),
+        ("/api/v1/agents/{agent_id}/gitops", "getGitopsStatus"),
     ] {
         let get = &spec["paths"][path]["get"];
         assert_eq!(get["operationId"], op);
@@ -415,4 +449,120 @@ fn only_whitelisted_headers_reach_agentk() {
     assert_eq!(m.len(), 2, "{m:?}");
     assert_eq!(m["x-request-id"].values, vec!["r1".to_owned()]);
     assert_eq!(m["user-agent"].values, vec!["curl/8".to_owned()]);
+}
+
+#[tokio::test]
+async fn gitops_status_lists_each_configured_project_with_its_last_sync() {
+    use kas_proto::gitops::{ObjectError, SyncReport};
+    use kas_proto::kas::GitopsSync;
+
+    use crate::registry::ManifestProjectKey;
+
+    let f = fixture();
+    // Before any report: every configured project, none synced.
+    let (s, _, b) = f.get("/api/v1/agents/1/gitops").await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    assert_eq!(
+        b,
+        serde_json::json!({"agent_id": "1", "projects_from": "configuration", "manifest_projects": [
+            {"project_id": "group/manifests", "ref": "", "last_sync": null},
+            {"project_id": "group/other", "ref": "branch:stable", "last_sync": null},
+        ]})
+    );
+    let report = SyncReport {
+        project_id: "group/other".into(),
+        r#ref: "branch:stable".into(),
+        commit_id: "0123456789abcdef0123456789abcdef01234567".into(),
+        pod_name: "agentk-0".into(),
+        started_at_unix_ms: 1_767_323_045_000,
+        duration_ms: 1500,
+        dry_run_strategy: "server".into(),
+        applied: 2,
+        unchanged: 5,
+        pruned: 1,
+        failed: 1,
+        errors: vec![ObjectError {
+            group: "apps".into(),
+            version: "v1".into(),
+            kind: "Deployment".into(),
+            namespace: "prod".into(),
+            name: "web".into(),
+            source: "deploy/web.yaml".into(),
+            operation: "apply".into(),
+            message: "admission webhook denied the request".into(),
+        }],
+        error: String::new(),
+    };
+    let sync = GitopsSync {
+        report: Some(report),
+        received_at: Some(prost_types::Timestamp { seconds: 1_767_323_047, nanos: 0 }),
+        kas_instance_id: "kas-b".into(),
+    };
+    let configured = [
+        ManifestProjectKey { project_id: "group/manifests".into(), git_ref: String::new() },
+        ManifestProjectKey { project_id: "group/other".into(), git_ref: "branch:stable".into() },
+    ];
+    f.registry.put_gitops_sync(kas_proto::AgentId(1), sync, &configured, Duration::from_secs(60)).await.unwrap();
+    let (s, _, b) = f.get("/api/v1/agents/1/gitops").await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    assert_eq!(b["manifest_projects"][0]["last_sync"], Value::Null);
+    assert_eq!(
+        b["manifest_projects"][1]["last_sync"],
+        serde_json::json!({
+            "received_at": "2026-01-02T03:04:07.000Z", "kas_instance_id": "kas-b",
+            "commit_id": "0123456789abcdef0123456789abcdef01234567", "pod_name": "agentk-0",
+            "started_at": "2026-01-02T03:04:05.000Z", "duration_ms": 1500, "dry_run_strategy": "server",
+            "applied": 2, "unchanged": 5, "pruned": 1, "failed": 1, "error": null,
+            "errors": [{"group": "apps", "version": "v1", "kind": "Deployment", "namespace": "prod", "name": "web",
+                "source": "deploy/web.yaml", "operation": "apply", "message": "admission webhook denied the request"}],
+        })
+    );
+
+    // An agent without GitOps has no projects; an unknown agent is a 404; a bad id a 400.
+    let (s, _, b) = f.get("/api/v1/agents/2/gitops").await;
+    assert_eq!((s, &b["manifest_projects"]), (StatusCode::OK, &serde_json::json!([])));
+    let (s, h, b) = f.get("/api/v1/agents/3/gitops").await;
+    assert!(assert_problem(s, &h, &b, StatusCode::NOT_FOUND).contains("agent 3 is not in kas's static agents file"));
+    let (s, h, b) = f.get("/api/v1/agents/x/gitops").await;
+    assert!(assert_problem(s, &h, &b, StatusCode::BAD_REQUEST).contains("agent_id must be a positive integer"));
+}
+
+#[tokio::test]
+async fn git_push_events_are_published_and_bad_ones_are_400_problems() {
+    let f = fixture();
+    let mut pushes = f.registry.subscribe_git_pushes();
+    let post = |body: &str| {
+        Request::post("/api/v1/git_push_events")
+            .header("authorization", format!("Bearer {}", f.token()))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(body.to_owned()))
+            .unwrap()
+    };
+    let (s, _, b) = f.send(post(r#"{"project": {"id": "7", "full_path": "group/manifests"}}"#)).await;
+    assert_eq!(s, StatusCode::NO_CONTENT, "{b}");
+    let push = pushes.try_recv().unwrap();
+    assert_eq!((push.project.id, push.project.full_path.as_str()), (7, "group/manifests"));
+    // The id is optional (repositories of static agents have none).
+    let (s, _, _) = f.send(post(r#"{"project": {"full_path": "/srv/git/manifests.git"}}"#)).await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    assert_eq!(pushes.try_recv().unwrap().project.id, 0);
+    for (body, needle) in [
+        ("", "bad push event"),
+        ("{}", "missing field `project`"),
+        (r#"{"project": {"id": "7"}}"#, "missing field `full_path`"),
+        (r#"{"project": {"full_path": ""}}"#, "full_path is required"),
+        (r#"{"project": {"id": "-1", "full_path": "g/p"}}"#, "project.id must be a positive integer"),
+        (r#"{"project": {"full_path": "g/p", "extra": 1}}"#, "unknown field `extra`"),
+    ] {
+        let (s, h, b) = f.send(post(body)).await;
+        let detail = assert_problem(s, &h, &b, StatusCode::BAD_REQUEST);
+        assert!(detail.contains(needle), "{body}: {detail}");
+    }
+    assert!(pushes.try_recv().is_err(), "a refused event was published");
+    // Without a JWT: 401, nothing published.
+    let req =
+        Request::post("/api/v1/git_push_events").body(Body::from(r#"{"project": {"full_path": "g/p"}}"#)).unwrap();
+    let (s, h, b) = f.send(req).await;
+    assert_problem(s, &h, &b, StatusCode::UNAUTHORIZED);
+    assert!(pushes.try_recv().is_err());
 }
