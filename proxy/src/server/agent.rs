@@ -56,6 +56,13 @@ fn now() -> prost_types::Timestamp {
     prost_types::Timestamp::from(std::time::SystemTime::now())
 }
 
+/// The configuration as this agent receives it: with its agent id (agentk names its GitOps Lease
+/// and inventories after it). The commit id stays the document's.
+fn for_agent(mut response: pb::ConfigurationResponse, agent_id: AgentId) -> pb::ConfigurationResponse {
+    response.configuration.get_or_insert_with(Default::default).agent_id = agent_id.0;
+    response
+}
+
 #[tonic::async_trait]
 impl AgentTunnel for AgentService {
     type GetConfigurationStream = ReceiverStream<Result<pb::ConfigurationResponse, Status>>;
@@ -83,7 +90,7 @@ impl AgentTunnel for AgentService {
             // The registry is down: do not lock agents out for it.
             Err(e) => tracing::warn!(%agent_id, error = %e, "counting the agent connection failed"),
         }
-        let first = self.configurations.configuration(&agent).await?;
+        let first = for_agent(self.configurations.configuration(&agent).await?, agent.agent_id);
         match self.tunnels.connection_up(agent_id, connection_id).await {
             Ok(true) => {}
             Ok(false) => {
@@ -141,7 +148,7 @@ impl AgentTunnel for AgentService {
                     }
                     () = tokio::time::sleep(jittered(poll_period)) => {}
                 }
-                match configurations.configuration(&agent).await {
+                match configurations.configuration(&agent).await.map(|c| for_agent(c, agent_id)) {
                     Ok(update) if update.commit_id != last_commit => {
                         tracing::info!(%agent_id, commit_id = %update.commit_id, "agent configuration changed");
                         last_commit.clone_from(&update.commit_id);
