@@ -145,6 +145,14 @@ async fn a_commit_is_applied_and_the_next_prunes_what_left_without_touching_othe
     expected.sort();
     assert_eq!(recorded(&c.kube, "apps", &inventory), expected);
     assert!(a.status.gitops.borrow().leader);
+    // In one process the first recorder installed (kas's) renders agentk's metrics too.
+    let series = [
+        "agentk_gitops_leader",
+        "agentk_gitops_syncs_total{outcome=\"ok\"}",
+        "agentk_gitops_objects_total{result=\"applied\"}",
+        "agentk_gitops_objects_total{result=\"pruned\"}",
+    ];
+    c.assert_metrics(0, &series).await;
 }
 
 #[tokio::test]
@@ -303,6 +311,119 @@ async fn a_new_commit_cancels_a_slow_apply() {
             .iter()
             .all(|o| !o["metadata"]["name"].as_str().unwrap().starts_with("old-"))
     );
+}
+
+#[tokio::test]
+async fn a_custom_resource_waits_for_its_crd_of_the_same_commit() {
+    let repo = GitRepo::new();
+    // The custom resource's file comes first: order is agentk's, not the files'.
+    repo.commit("a-widget.yaml", b"apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w}\nspec: {size: 3}\n");
+    let crd = "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata: {name: widgets.example.com}\n\
+               spec:\n  group: example.com\n  scope: Namespaced\n  names: {kind: Widget, plural: widgets}\n  \
+               versions: [{name: v1, served: true, storage: true}]\n";
+    let first = repo.commit("crd.yaml", crd.as_bytes());
+    let c = cluster(&repo, "").await;
+    let a = start_agentk(&c, Duration::from_secs(300)).await;
+    let r = report(&a, "for the commit", |r| r.commit_id == first).await;
+    assert_eq!((r.applied, r.failed, r.error.as_str()), (2, 0, ""), "{r:?}");
+    let widget = c.kube.object("example.com/v1/widgets", "default", "w").expect("custom resource applied");
+    assert_eq!(widget["spec"]["size"], 3);
+
+    let second = repo.remove("a-widget.yaml");
+    let r = report(&a, "pruning the custom resource", |r| r.commit_id == second).await;
+    assert_eq!((r.pruned, r.failed), (1, 0), "{r:?}");
+    assert!(c.kube.object("example.com/v1/widgets", "default", "w").is_none());
+    assert!(c.kube.object("apiextensions.k8s.io/v1/customresourcedefinitions", "", "widgets.example.com").is_some());
+}
+
+#[tokio::test]
+async fn an_apply_longer_than_reconcile_timeout_fails() {
+    let repo = GitRepo::new();
+    let many: String =
+        (0..30).map(|i| format!("---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: cm-{i}}}\n")).collect();
+    let commit = repo.commit("many.yaml", many.as_bytes());
+    let c = cluster(&repo, "      reconcile_timeout: 1s\n").await;
+    c.kube.delay(Some(Duration::from_millis(100)));
+    let a = start_agentk(&c, Duration::from_secs(300)).await;
+    let r = report(&a, "of the timeout", |r| r.commit_id == commit).await;
+    assert_eq!(r.error, "the apply did not finish within reconcile_timeout (1s)", "{r:?}");
+    assert!(r.applied < 30, "{r:?}");
+}
+
+#[tokio::test]
+async fn an_object_that_outlives_prune_timeout_fails_and_stays_recorded_until_it_is_gone() {
+    let repo = GitRepo::new();
+    repo.commit(
+        "stuck.yaml",
+        b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: stuck, finalizers: [example.com/hold]}\n",
+    );
+    let first = repo.commit("keep.yaml", b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: keep}\n");
+    let c = cluster(&repo, "      prune_timeout: 500ms\n").await;
+    let a = start_agentk(&c, Duration::from_secs(300)).await;
+    report(&a, "for the first commit", |r| r.commit_id == first && r.failed == 0).await;
+
+    let second = repo.remove("stuck.yaml");
+    let r = report(&a, "of the prune timeout", |r| r.commit_id == second).await;
+    assert_eq!(r.error, "pruning did not finish within prune_timeout (500ms)", "{r:?}");
+    assert_eq!((r.pruned, r.failed), (0, 1), "{r:?}");
+    let e = &r.errors[0];
+    assert_eq!((e.name.as_str(), e.operation.as_str()), ("stuck", "prune"));
+    assert!(e.message.contains("still there after prune_timeout"), "{e:?}");
+    let stuck = c.kube.object("v1/configmaps", "default", "stuck").unwrap();
+    assert!(stuck["metadata"]["deletionTimestamp"].is_string(), "{stuck}");
+    let inventory = inventory_name(1, &repo.bare.display().to_string(), "");
+    assert_eq!(recorded(&c.kube, "default", &inventory), ["ConfigMap default/keep", "ConfigMap default/stuck"]);
+
+    // Whoever holds the finalizer lets go; the retry finds it gone and forgets it.
+    let configmaps: Api<ConfigMap> = Api::namespaced(kube_client(&c.kube).await, "default");
+    configmaps
+        .patch("stuck", &PatchParams::default(), &Patch::Merge(&json!({"metadata": {"finalizers": null}})))
+        .await
+        .unwrap();
+    report(&a, "after the finalizer went", |r| r.commit_id == second && r.error.is_empty() && r.failed == 0).await;
+    assert_eq!(recorded(&c.kube, "default", &inventory), ["ConfigMap default/keep"]);
+}
+
+/// Two replicas in one process: never both leaders; the leader's graceful stop releases the
+/// Lease and the other applies at once.
+#[tokio::test]
+async fn replicas_elect_one_leader_and_a_graceful_stop_hands_over() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let repo = GitRepo::new();
+    let first = repo.commit("a.yaml", b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n");
+    let c = cluster(&repo, "").await;
+    let start = |pod: &str| {
+        let mut config = c.agentk_config(1, 0, pod);
+        config.gitops.lease_duration = Duration::from_secs(3);
+        config.gitops.lease_renew_deadline = Duration::from_secs(2);
+        config.gitops.lease_retry_period = Duration::from_millis(200);
+        c.start_agentk_with(config)
+    };
+    let (one, two) = (start("agentk-one").await, start("agentk-two").await);
+    let both = Arc::new(AtomicBool::new(false));
+    let (mut x, mut y, seen) = (one.status.gitops.clone(), two.status.gitops.clone(), both.clone());
+    tokio::spawn(async move {
+        loop {
+            if x.borrow_and_update().leader && y.borrow_and_update().leader {
+                seen.store(true, Ordering::Relaxed);
+            }
+            tokio::select! {
+                r = x.changed() => if r.is_err() { return },
+                r = y.changed() => if r.is_err() { return },
+            }
+        }
+    });
+    let leader_of = |a: &AgentkHandle| a.status.gitops.borrow().leader;
+    eventually!(leader_of(&one) || leader_of(&two), "a leader");
+    let (leader, follower) = if leader_of(&one) { (one, two) } else { (two, one) };
+    report(&leader, "from the leader", |r| r.commit_id == first).await;
+    assert!(follower.status.gitops.borrow().projects.is_empty(), "the follower runs no worker");
+
+    leader.stop().await;
+    let r = report(&follower, "from the new leader", |r| r.commit_id == first).await;
+    assert_eq!((r.unchanged, r.failed), (1, 0), "{r:?}");
+    assert!(!both.load(Ordering::Relaxed), "two leaders at once");
 }
 
 /// Two replicas of one agent: only the Lease holder applies; when it dies (SIGKILL, no release)

@@ -103,6 +103,20 @@ fn to_value(o: &DynamicObject) -> Value {
     serde_json::to_value(o).unwrap_or_default()
 }
 
+/// What the apply leaves for prune and the last inventory write.
+struct Applied {
+    resolver: Resolver,
+    old: Inventory,
+    /// What the inventory records now (old and applied).
+    record: Inventory,
+    /// What the inventory ConfigMap holds (None: it does not exist).
+    written: Option<Inventory>,
+    /// The commit's objects, and those it has that could not be resolved (group, kind, name):
+    /// neither is pruned.
+    in_commit: HashSet<ObjectId>,
+    unresolved: HashSet<(String, String, String)>,
+}
+
 /// A pruned object that was deleted and may still be there (finalizers, foreground deletion).
 struct Deleted {
     id: ObjectId,
@@ -147,126 +161,18 @@ impl Syncer {
     ) -> Result<(), String> {
         let name = inventory::inventory_name(self.agent_id, &project.id, &project.r#ref);
         let namespace = project.default_namespace.as_str();
-        let dry_run = project.dry_run_strategy();
-        let policy = project.inventory_policy();
-        let writes = dry_run == DryRunStrategy::DryRunNone;
-
-        let mut resolver =
-            Resolver::new(self.client.clone()).await.map_err(|e| format!("API discovery failed: {}", describe(&e)))?;
-        let commit_kinds = objects::kinds_defined(&commit.objects);
-        let mut desired = Vec::new();
-        // Objects of the commit that could not be resolved (group, kind, name): never pruned.
-        let mut unresolved: HashSet<(String, String, String)> = HashSet::new();
-        for source in &commit.objects {
-            let served = |g: &str, v: &str, k: &str| resolver.resolve(g, v, k).map(|(_, namespaced)| namespaced);
-            match objects::resolve(source, namespace, served, &commit_kinds) {
-                Ok(d) => desired.push(d),
-                Err(message) => {
-                    let o = &source.object;
-                    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
-                    let (group, version) = objects::split_api_version(o["apiVersion"].as_str().unwrap_or_default());
-                    let id = ObjectId {
-                        group: group.to_owned(),
-                        kind: text(&o["kind"]),
-                        namespace: text(&o["metadata"]["namespace"]),
-                        name: text(&o["metadata"]["name"]),
-                    };
-                    unresolved.insert((id.group.clone(), id.kind.clone(), id.name.clone()));
-                    progress.fail_object(&id, version, &source.source, "apply", message);
-                }
-            }
-        }
-        objects::order(&mut desired);
-        let in_commit: HashSet<ObjectId> = desired.iter().map(|d| d.id.clone()).collect();
-
+        let writes = project.dry_run_strategy() == DryRunStrategy::DryRunNone;
         let inventories: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
-        let (old, exists) = match inventories.get_opt(&name).await {
-            Ok(Some(cm)) => {
-                let value = serde_json::to_value(&cm).unwrap_or_default();
-                (Inventory::from_config_map(&value, &project.id, &project.r#ref)?, true)
-            }
-            Ok(None) => (Inventory::default(), false),
-            Err(e) => return Err(format!("reading the inventory ConfigMap {namespace}/{name}: {}", describe(&e))),
-        };
-
-        let mut planned = Vec::new();
-        for d in desired {
-            if d.id.group.is_empty() && d.id.kind == "ConfigMap" && d.id.namespace == namespace && d.id.name == name {
-                let message = "a manifest may not replace the inventory ConfigMap of its own project".to_owned();
-                progress.fail_object(&d.id, &d.version, &d.source, "apply", message);
-                continue;
-            }
-            let resource = match d.served {
-                Served::Yes { .. } => resolver.resolve(&d.id.group, &d.version, &d.id.kind).map(|(ar, _)| ar),
-                Served::AfterItsCrd { .. } => None,
+        let reconcile_timeout = Duration::from_millis(project.reconcile_timeout_ms);
+        let deadline = Instant::now() + reconcile_timeout;
+        let applied = self.apply(project, commit, &name, &inventories, deadline, progress);
+        let Applied { resolver, old, mut record, mut written, in_commit, unresolved } =
+            match tokio::time::timeout_at(deadline, applied).await {
+                Ok(result) => result?,
+                Err(_) => {
+                    return Err(format!("the apply did not finish within reconcile_timeout ({reconcile_timeout:?})"));
+                }
             };
-            let live = match &resource {
-                Some(ar) => match self.api(ar, &d.id.namespace).get_opt(&d.id.name).await {
-                    Ok(found) => found.as_ref().map(to_value),
-                    Err(e) => {
-                        progress.fail_object(&d.id, &d.version, &d.source, "apply", describe(&e));
-                        continue;
-                    }
-                },
-                // Its kind is not served yet, so it cannot exist.
-                None => None,
-            };
-            if let Some(live) = &live {
-                let owner = live["metadata"]["annotations"][OWNING_INVENTORY].as_str();
-                let ownership = inventory::ownership(owner, old.objects.contains_key(&d.id), &name);
-                if let Err(message) = inventory::may_apply(policy, &ownership) {
-                    progress.fail_object(&d.id, &d.version, &d.source, "apply", message);
-                    continue;
-                }
-            }
-            planned.push(Planned { desired: d, live, resource });
-        }
-
-        let mut record = old.clone();
-        for p in &planned {
-            record.objects.insert(p.desired.id.clone(), p.desired.version.clone());
-        }
-        let mut written = exists.then(|| old.clone());
-        let creates_namespace = planned.iter().any(|p| {
-            p.desired.id.group.is_empty() && p.desired.id.kind == "Namespace" && p.desired.id.name == namespace
-        });
-        let mut deferred = false;
-        if writes {
-            match self.write_inventory(&inventories, &name, project, &record, &mut written).await {
-                Ok(()) => {}
-                // The namespace comes with the commit: record right after the Namespaces.
-                Err(e) if creates_namespace && is_not_found(&e) => deferred = true,
-                Err(e) => {
-                    return Err(format!(
-                        "writing the inventory ConfigMap {namespace}/{name} (nothing was applied): {}",
-                        describe(&e)
-                    ));
-                }
-            }
-        }
-
-        let deadline = Instant::now() + Duration::from_millis(project.reconcile_timeout_ms);
-        let apply = async {
-            for p in &mut planned {
-                if deferred && p.desired.stage > Stage::Namespaces {
-                    deferred = false;
-                    self.write_inventory(&inventories, &name, project, &record, &mut written)
-                        .await
-                        .map_err(|e| format!("writing the inventory ConfigMap {namespace}/{name}: {}", describe(&e)))?;
-                }
-                self.apply_one(p, &mut resolver, dry_run, &name, deadline, progress).await;
-            }
-            Ok::<(), String>(())
-        };
-        match tokio::time::timeout_at(deadline, apply).await {
-            Ok(result) => result?,
-            Err(_) => {
-                return Err(format!(
-                    "the apply did not finish within reconcile_timeout ({:?})",
-                    Duration::from_millis(project.reconcile_timeout_ms)
-                ));
-            }
-        }
 
         let mut pruning_error = None;
         if project.prune {
@@ -301,6 +207,126 @@ impl Syncer {
                 .map_err(|e| format!("writing the inventory ConfigMap {namespace}/{name}: {}", describe(&e)))?;
         }
         pruning_error.map_or(Ok(()), Err)
+    }
+
+    /// Steps 1 to 4 (see the module): what prune and the last inventory write need.
+    async fn apply(
+        &self,
+        project: &ManifestProjectConfiguration,
+        commit: &Commit,
+        name: &str,
+        inventories: &Api<ConfigMap>,
+        deadline: Instant,
+        progress: &mut Progress,
+    ) -> Result<Applied, String> {
+        let namespace = project.default_namespace.as_str();
+        let dry_run = project.dry_run_strategy();
+        let policy = project.inventory_policy();
+        let writes = dry_run == DryRunStrategy::DryRunNone;
+
+        let mut resolver =
+            Resolver::new(self.client.clone()).await.map_err(|e| format!("API discovery failed: {}", describe(&e)))?;
+        let commit_kinds = objects::kinds_defined(&commit.objects);
+        let mut desired = Vec::new();
+        // Objects of the commit that could not be resolved (group, kind, name): never pruned.
+        let mut unresolved: HashSet<(String, String, String)> = HashSet::new();
+        for source in &commit.objects {
+            let served = |g: &str, v: &str, k: &str| resolver.resolve(g, v, k).map(|(_, namespaced)| namespaced);
+            match objects::resolve(source, namespace, served, &commit_kinds) {
+                Ok(d) => desired.push(d),
+                Err(message) => {
+                    let o = &source.object;
+                    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+                    let (group, version) = objects::split_api_version(o["apiVersion"].as_str().unwrap_or_default());
+                    let id = ObjectId {
+                        group: group.to_owned(),
+                        kind: text(&o["kind"]),
+                        namespace: text(&o["metadata"]["namespace"]),
+                        name: text(&o["metadata"]["name"]),
+                    };
+                    unresolved.insert((id.group.clone(), id.kind.clone(), id.name.clone()));
+                    progress.fail_object(&id, version, &source.source, "apply", message);
+                }
+            }
+        }
+        objects::order(&mut desired);
+        let in_commit: HashSet<ObjectId> = desired.iter().map(|d| d.id.clone()).collect();
+
+        let (old, exists) = match inventories.get_opt(name).await {
+            Ok(Some(cm)) => {
+                let value = serde_json::to_value(&cm).unwrap_or_default();
+                (Inventory::from_config_map(&value, &project.id, &project.r#ref)?, true)
+            }
+            Ok(None) => (Inventory::default(), false),
+            Err(e) => return Err(format!("reading the inventory ConfigMap {namespace}/{name}: {}", describe(&e))),
+        };
+
+        let mut planned = Vec::new();
+        for d in desired {
+            if d.id.group.is_empty() && d.id.kind == "ConfigMap" && d.id.namespace == namespace && d.id.name == *name {
+                let message = "a manifest may not replace the inventory ConfigMap of its own project".to_owned();
+                progress.fail_object(&d.id, &d.version, &d.source, "apply", message);
+                continue;
+            }
+            let resource = match d.served {
+                Served::Yes { .. } => resolver.resolve(&d.id.group, &d.version, &d.id.kind).map(|(ar, _)| ar),
+                Served::AfterItsCrd { .. } => None,
+            };
+            let live = match &resource {
+                Some(ar) => match self.api(ar, &d.id.namespace).get_opt(&d.id.name).await {
+                    Ok(found) => found.as_ref().map(to_value),
+                    Err(e) => {
+                        progress.fail_object(&d.id, &d.version, &d.source, "apply", describe(&e));
+                        continue;
+                    }
+                },
+                // Its kind is not served yet, so it cannot exist.
+                None => None,
+            };
+            if let Some(live) = &live {
+                let owner = live["metadata"]["annotations"][OWNING_INVENTORY].as_str();
+                let ownership = inventory::ownership(owner, old.objects.contains_key(&d.id), name);
+                if let Err(message) = inventory::may_apply(policy, &ownership) {
+                    progress.fail_object(&d.id, &d.version, &d.source, "apply", message);
+                    continue;
+                }
+            }
+            planned.push(Planned { desired: d, live, resource });
+        }
+
+        let mut record = old.clone();
+        for p in &planned {
+            record.objects.insert(p.desired.id.clone(), p.desired.version.clone());
+        }
+        let mut written = exists.then(|| old.clone());
+        let creates_namespace = planned.iter().any(|p| {
+            p.desired.id.group.is_empty() && p.desired.id.kind == "Namespace" && p.desired.id.name == namespace
+        });
+        let mut deferred = false;
+        if writes {
+            match self.write_inventory(inventories, name, project, &record, &mut written).await {
+                Ok(()) => {}
+                // The namespace comes with the commit: record right after the Namespaces.
+                Err(e) if creates_namespace && is_not_found(&e) => deferred = true,
+                Err(e) => {
+                    return Err(format!(
+                        "writing the inventory ConfigMap {namespace}/{name} (nothing was applied): {}",
+                        describe(&e)
+                    ));
+                }
+            }
+        }
+
+        for p in &planned {
+            if deferred && p.desired.stage > Stage::Namespaces {
+                deferred = false;
+                self.write_inventory(inventories, name, project, &record, &mut written)
+                    .await
+                    .map_err(|e| format!("writing the inventory ConfigMap {namespace}/{name}: {}", describe(&e)))?;
+            }
+            self.apply_one(p, &mut resolver, dry_run, name, deadline, progress).await;
+        }
+        Ok(Applied { resolver, old, record, written, in_commit, unresolved })
     }
 
     /// Writes the inventory unless it is already as `written` says (and not empty and absent).
