@@ -232,6 +232,8 @@ mod tests {
         let unique: std::collections::BTreeSet<_> = all.iter().collect();
         assert_eq!(unique.len(), all.len(), "{all:?}");
         assert_eq!(inventory_name(1, "g/m", ""), inventory_name(1, "g/m", ""));
+        // The README's example.
+        assert_eq!(inventory_name(1, "platform/manifests", "branch:main"), "inventory-1-platform-manifests-21aacad85c");
     }
 
     #[test]
