@@ -49,6 +49,6 @@ pub struct GitopsState {
 pub struct ProjectState {
     /// Syncs finished (each one reported to kas).
     pub syncs: u64,
-    /// The report of the last one.
+    /// The report of the last one, or of why kas cannot send the manifests (no commit then).
     pub last: Option<kas_proto::gitops::SyncReport>,
 }

@@ -337,6 +337,24 @@ async fn a_custom_resource_waits_for_its_crd_of_the_same_commit() {
 }
 
 #[tokio::test]
+async fn manifests_kas_refuses_are_reported_until_a_commit_fixes_them() {
+    let repo = GitRepo::new();
+    repo.commit("a.yaml", b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: same}\n");
+    let broken = repo.commit("b.yaml", b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: same}\n");
+    let c = cluster(&repo, "").await;
+    let a = start_agentk(&c, Duration::from_secs(300)).await;
+    let r = report(&a, "of kas's refusal", |r| !r.error.is_empty()).await;
+    assert_eq!(r.commit_id, "", "{r:?}");
+    assert!(r.error.contains(&broken) && r.error.contains("is in both a.yaml and b.yaml"), "{r:?}");
+    assert!(c.kube.object("v1/configmaps", "default", "same").is_none());
+
+    let fixed = repo.remove("b.yaml");
+    let r = report(&a, "for the fixed commit", |r| r.commit_id == fixed).await;
+    assert_eq!((r.applied, r.failed, r.error.as_str()), (1, 0, ""), "{r:?}");
+    assert!(c.kube.object("v1/configmaps", "default", "same").is_some());
+}
+
+#[tokio::test]
 async fn an_apply_longer_than_reconcile_timeout_fails() {
     let repo = GitRepo::new();
     let many: String =

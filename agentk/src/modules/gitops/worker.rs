@@ -85,25 +85,38 @@ impl Worker {
             let Some((address, channel)) = self.kas.kas.get(index) else { return };
             let started = Instant::now();
             let from = resume_from.borrow().clone();
-            match self.stream(channel.clone(), &from, &commits).await {
+            let received =
+                |commits: &watch::Sender<Option<Arc<Commit>>>| commits.borrow().as_ref().map(|c| c.id.clone());
+            let before = received(&commits);
+            let result = self.stream(channel.clone(), &from, &commits).await;
+            if received(&commits) != before {
+                last_problem.clear();
+            }
+            match result {
                 Ok(()) => {
                     tracing::debug!(project = %self.project.id, kas = %address, "kas ended the GitOps stream; reconnecting")
                 }
-                Err(status) => {
-                    let user_error =
-                        matches!(status.code(), Code::NotFound | Code::FailedPrecondition | Code::InvalidArgument);
-                    if user_error && status.message() != last_problem {
-                        // The manifests or the configuration need fixing: say so once, also to kas.
+                // The manifests or the configuration need fixing: said once (also to kas), until
+                // the problem changes or a commit arrives.
+                Err(status)
+                    if matches!(status.code(), Code::NotFound | Code::FailedPrecondition | Code::InvalidArgument) =>
+                {
+                    if status.message() == last_problem {
+                        tracing::debug!(project = %self.project.id, error = %status.message(), "kas still cannot send the manifests");
+                    } else {
                         last_problem = status.message().to_owned();
                         tracing::warn!(project = %self.project.id, error = %status.message(), "kas cannot send the manifests");
                         let report = SyncReport {
                             error: status.message().to_owned(),
                             ..self.report_base(SystemTime::now(), Duration::ZERO)
                         };
+                        let last = report.clone();
+                        self.state.send_modify(|s| s.projects.entry(self.labels()).or_default().last = Some(last));
                         self.send_report(report, kas_index).await;
-                    } else {
-                        tracing::warn!(project = %self.project.id, kas = %address, code = ?status.code(), error = %status.message(), "GitOps stream failed");
                     }
+                }
+                Err(status) => {
+                    tracing::warn!(project = %self.project.id, kas = %address, code = ?status.code(), error = %status.message(), "GitOps stream failed");
                 }
             }
             if started.elapsed() >= HEALTHY_AFTER {
