@@ -135,8 +135,14 @@ impl App {
         let context = modules::ModuleContext {
             kube_config: &kube,
             configuration: &configuration,
-            config: &config,
-            gitops: &gitops,
+            api_timeouts: modules::kubernetes_api::ApiTimeouts {
+                connect: config.kube_api_connect_timeout,
+                response_header: config.kube_api_response_header_timeout,
+            },
+            gitops: config.gitops,
+            pod_name: &config.pod_name,
+            pod_namespace: &config.pod_namespace,
+            gitops_state: &gitops,
         };
         let modules = modules::all(&context).map_err(|e| AgentError::Kube(e.to_string()))?;
         let observability = crate::observability::bind(config.observability_address).await?;

@@ -15,7 +15,6 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
-use crate::config::AgentConfig;
 use crate::status::GitopsState;
 use crate::tunnel::{Responder, TunnelRequest};
 
@@ -40,9 +39,13 @@ pub struct ModuleContext<'a> {
     pub kube_config: &'a kube::Config,
     /// The agent configuration as kas last sent it.
     pub configuration: &'a watch::Sender<Option<ConfigurationResponse>>,
-    pub config: &'a AgentConfig,
+    pub api_timeouts: kubernetes_api::ApiTimeouts,
+    pub gitops: gitops::GitopsSettings,
+    /// From the downward API (empty outside Kubernetes).
+    pub pod_name: &'a str,
+    pub pod_namespace: &'a str,
     /// What the GitOps module tells `Status`.
-    pub gitops: &'a watch::Sender<GitopsState>,
+    pub gitops_state: &'a watch::Sender<GitopsState>,
 }
 
 /// What a module's `run` may use to call kas.
@@ -68,16 +71,12 @@ impl RunContext {
 /// Every module of agentk.
 pub fn all(context: &ModuleContext) -> Result<Vec<Arc<dyn Module>>, kube::Error> {
     let client = kube::Client::try_from(context.kube_config.clone())?;
-    let api_timeouts = kubernetes_api::ApiTimeouts {
-        connect: context.config.kube_api_connect_timeout,
-        response_header: context.config.kube_api_response_header_timeout,
-    };
     Ok(vec![
         Arc::new(get_pods::GetPods::new(client.clone())),
         Arc::new(kubernetes_api::KubernetesApi::new(
             context.kube_config,
             context.configuration.subscribe(),
-            api_timeouts,
+            context.api_timeouts,
         )?),
         Arc::new(gitops::Gitops::new(client, context)),
     ])

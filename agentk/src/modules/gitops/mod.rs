@@ -86,25 +86,24 @@ pub struct Gitops {
 
 impl Gitops {
     pub fn new(client: kube::Client, context: &ModuleContext) -> Self {
-        let config = context.config;
-        let namespace = if config.pod_namespace.is_empty() {
+        let namespace = if context.pod_namespace.is_empty() {
             context.kube_config.default_namespace.clone()
         } else {
-            config.pod_namespace.clone()
+            context.pod_namespace.to_owned()
         };
-        let identity = if config.pod_name.is_empty() {
+        let identity = if context.pod_name.is_empty() {
             format!("agentk-{:016x}", rand::random::<u64>())
         } else {
-            config.pod_name.clone()
+            context.pod_name.to_owned()
         };
         Self {
             client,
             configuration: context.configuration.subscribe(),
-            settings: config.gitops,
+            settings: context.gitops,
             namespace,
             identity,
-            pod_name: config.pod_name.clone(),
-            state: context.gitops.clone(),
+            pod_name: context.pod_name.to_owned(),
+            state: context.gitops_state.clone(),
         }
     }
 }
