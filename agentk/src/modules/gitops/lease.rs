@@ -57,19 +57,30 @@ impl Elector {
     /// Competes until `stop`; `leader` says whether this process holds the Lease.
     pub async fn run(self, leader: watch::Sender<bool>, stop: CancellationToken) {
         let mut observed = None;
+        // The last error warned about: the same one again (missing RBAC, say) is logged at debug.
+        let mut last_error = String::new();
         loop {
             // Acquire.
             loop {
                 match self.try_acquire_or_renew(&mut observed).await {
                     Ok(true) => break,
-                    Ok(false) => {}
-                    Err(e) => tracing::warn!(lease = %self.name, error = %e, "GitOps lease: cannot read or write it"),
+                    Ok(false) => last_error.clear(),
+                    Err(e) => {
+                        let e = super::apply::describe(&e);
+                        if e == last_error {
+                            tracing::debug!(lease = %self.name, error = %e, "GitOps lease: cannot read or write it");
+                        } else {
+                            tracing::warn!(lease = %self.name, error = %e, "GitOps lease: cannot read or write it");
+                            last_error = e;
+                        }
+                    }
                 }
                 tokio::select! {
                     () = stop.cancelled() => return,
                     () = tokio::time::sleep(jittered(self.settings.lease_retry_period)) => {}
                 }
             }
+            last_error.clear();
             tracing::info!(lease = %self.name, identity = %self.identity, "acquired the GitOps lease: this replica applies manifests");
             crate::metrics::gitops_leader(true);
             leader.send_replace(true);
