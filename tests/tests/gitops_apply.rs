@@ -355,6 +355,24 @@ async fn manifests_kas_refuses_are_reported_until_a_commit_fixes_them() {
 }
 
 #[tokio::test]
+async fn a_custom_resource_whose_crd_fails_fails_at_once() {
+    let repo = GitRepo::new();
+    repo.commit("a-widget.yaml", b"apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w}\n");
+    // The name must be <plural>.<group>: the API server refuses this CRD.
+    let crd = "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata: {name: widgets}\n\
+               spec:\n  group: example.com\n  scope: Namespaced\n  names: {kind: Widget, plural: widgets}\n  \
+               versions: [{name: v1, served: true, storage: true}]\n";
+    let commit = repo.commit("crd.yaml", crd.as_bytes());
+    let c = cluster(&repo, "").await;
+    let a = start_agentk(&c, Duration::from_secs(300)).await;
+    let r = report(&a, "for the commit", |r| r.commit_id == commit).await;
+    assert_eq!((r.applied, r.failed, r.error.as_str()), (0, 2, ""), "{r:?}");
+    assert!(r.errors[0].message.contains("must be spec.names.plural+\".\"+spec.group"), "{r:?}");
+    assert_eq!(r.errors[1].kind, "Widget");
+    assert_eq!(r.errors[1].message, "its CustomResourceDefinition (in this commit) was not applied");
+}
+
+#[tokio::test]
 async fn an_apply_longer_than_reconcile_timeout_fails() {
     let repo = GitRepo::new();
     let many: String =

@@ -10,7 +10,8 @@
 //!    happens right after the Namespaces.)
 //! 4. Objects are applied in [`objects::Stage`] order with server-side apply (field manager
 //!    `agentk`, force: agentk's manifests win conflicts), annotated with the owning inventory; a
-//!    custom resource waits until discovery serves its kind. The whole step is bounded by
+//!    custom resource whose CRD is in the commit waits until discovery serves its kind (at most
+//!    [`CRD_WAIT`]; at once a failure if the CRD failed). Steps 1 to 4 are bounded by
 //!    `reconcile_timeout`.
 //! 5. With `prune`, objects of the inventory that are no longer in the manifests are deleted in
 //!    reverse order with `prune_propagation_policy` (and a UID precondition), and waited for until
@@ -43,6 +44,10 @@ use super::objects::{self, Desired, ObjectId, Served, SourceObject, Stage};
 pub const FIELD_MANAGER: &str = "agentk";
 /// Per-object errors a report carries at most (the count covers all).
 pub const MAX_ERRORS: usize = 100;
+/// How long a custom resource waits for the kind its CRD (applied in the same sync) defines to be
+/// served: the API server serves an Established CRD within a second or two; one whose names
+/// were not accepted is never served, and should not hold the sync for `reconcile_timeout`.
+const CRD_WAIT: Duration = Duration::from_secs(60);
 /// Pauses while waiting for pruned objects to be gone.
 const GONE_FIRST: Duration = Duration::from_millis(50);
 const GONE_CAP: Duration = Duration::from_secs(1);
@@ -317,6 +322,8 @@ impl Syncer {
             }
         }
 
+        // The kinds (group, kind) whose CRD this sync applied.
+        let mut defined = HashSet::new();
         for p in &planned {
             if deferred && p.desired.stage > Stage::Namespaces {
                 deferred = false;
@@ -324,7 +331,20 @@ impl Syncer {
                     .await
                     .map_err(|e| format!("writing the inventory ConfigMap {namespace}/{name}: {}", describe(&e)))?;
             }
-            self.apply_one(p, &mut resolver, dry_run, name, deadline, progress).await;
+            let d = &p.desired;
+            if matches!(d.served, Served::AfterItsCrd { .. })
+                && !defined.contains(&(d.id.group.clone(), d.id.kind.clone()))
+            {
+                let message = "its CustomResourceDefinition (in this commit) was not applied".to_owned();
+                progress.fail_object(&d.id, &d.version, &d.source, "apply", message);
+                continue;
+            }
+            let applied = self.apply_one(p, &mut resolver, dry_run, name, deadline, progress).await;
+            if applied && d.stage == Stage::CustomResourceDefinitions {
+                let spec = &d.object["spec"];
+                let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+                defined.insert((text(&spec["group"]), text(&spec["names"]["kind"])));
+            }
         }
         Ok(Applied { resolver, old, record, written, in_commit, unresolved })
     }
@@ -351,6 +371,7 @@ impl Syncer {
         Ok(())
     }
 
+    /// Applies one object; true when it was applied (or is unchanged).
     async fn apply_one(
         &self,
         p: &Planned,
@@ -359,7 +380,7 @@ impl Syncer {
         inventory_name: &str,
         deadline: Instant,
         progress: &mut Progress,
-    ) {
+    ) -> bool {
         let d = &p.desired;
         let resource = match &p.resource {
             Some(ar) => ar.clone(),
@@ -367,20 +388,25 @@ impl Syncer {
                 let message =
                     "its kind is defined by a CustomResourceDefinition of this commit, which a dry run does not create";
                 progress.fail_object(&d.id, &d.version, &d.source, "apply", message.into());
-                return;
+                return false;
             }
-            None => match resolver.wait_for(&d.id.group, &d.version, &d.id.kind, deadline).await {
+            None => match resolver
+                .wait_for(&d.id.group, &d.version, &d.id.kind, deadline.min(Instant::now() + CRD_WAIT))
+                .await
+            {
                 Some((ar, _)) => ar,
                 None => {
-                    let message = "its CustomResourceDefinition was applied but the kind is not served yet";
-                    progress.fail_object(&d.id, &d.version, &d.source, "apply", message.into());
-                    return;
+                    let message = format!(
+                        "its CustomResourceDefinition was applied but the API server did not serve the kind within {CRD_WAIT:?}"
+                    );
+                    progress.fail_object(&d.id, &d.version, &d.source, "apply", message);
+                    return false;
                 }
             },
         };
         if dry_run == DryRunStrategy::DryRunClient {
             progress.applied += 1;
-            return;
+            return true;
         }
         let mut body = d.object.clone();
         body["metadata"]["annotations"][OWNING_INVENTORY] = Value::String(inventory_name.to_owned());
@@ -397,8 +423,12 @@ impl Syncer {
                 tracing::debug!(object = %d.id, "GitOps: applied");
                 progress.applied += 1;
             }
-            Err(e) => progress.fail_object(&d.id, &d.version, &d.source, "apply", describe(&e)),
+            Err(e) => {
+                progress.fail_object(&d.id, &d.version, &d.source, "apply", describe(&e));
+                return false;
+            }
         }
+        true
     }
 
     /// Deletes the candidates this inventory may delete and waits for them to be gone;
