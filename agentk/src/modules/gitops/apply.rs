@@ -11,7 +11,7 @@
 //! 4. Objects are applied in [`objects::Stage`] order with server-side apply (field manager
 //!    `agentk`, force: agentk's manifests win conflicts), annotated with the owning inventory; a
 //!    custom resource whose CRD is in the commit waits until discovery serves its kind (at most
-//!    [`CRD_WAIT`]; at once a failure if the CRD failed). Steps 1 to 4 are bounded by
+//!    `CRD_WAIT`, a minute; at once a failure if the CRD failed). Steps 1 to 4 are bounded by
 //!    `reconcile_timeout`.
 //! 5. With `prune`, objects of the inventory that are no longer in the manifests are deleted in
 //!    reverse order with `prune_propagation_policy` (and a UID precondition), and waited for until
