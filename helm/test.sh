@@ -131,7 +131,7 @@ for values in "${value_files[@]}"; do
   args=$(container_field "$rendered" container.args)
   case $name in
     default)
-      expect_kinds "$rendered" "ClusterRole/gitlab-agent-agentk ClusterRoleBinding/gitlab-agent-agentk Deployment/agentk PodDisruptionBudget/agentk Secret/agentk-token ServiceAccount/agentk"
+      expect_kinds "$rendered" "ClusterRole/gitlab-agent-agentk ClusterRoleBinding/gitlab-agent-agentk Deployment/agentk PodDisruptionBudget/agentk Role/agentk-gitops-lease RoleBinding/agentk-gitops-lease Secret/agentk-token ServiceAccount/agentk"
       grep -q impersonate "$rendered" && die "default: impersonate granted without rbac.impersonate"
       [[ $(container_field "$rendered" pod.terminationGracePeriodSeconds) == 30 ]] || die "default termination grace"
       [[ $(container_field "$rendered" container.securityContext.readOnlyRootFilesystem) == true ]] || die "read-only root"
@@ -142,9 +142,11 @@ for values in "${value_files[@]}"; do
       [[ $(container_field "$rendered" pod.topologySpreadConstraints.0.topologyKey) == '"kubernetes.io/hostname"' ]] ||
         die "topology spread"
       expect_contains "default args" "$args" '"--observability-address=0.0.0.0:8080"'
+      grep -q 'resources: \["leases"\]' "$rendered" || die "default: no Role for the GitOps lease"
+      grep -q 'verbs: \["get", "create", "update"\]' "$rendered" || die "default: GitOps lease verbs"
       ;;
     existing-secret)
-      expect_kinds "$rendered" "ClusterRole/gitlab-agent-agentk ClusterRoleBinding/gitlab-agent-agentk Deployment/agentk PodDisruptionBudget/agentk ServiceAccount/agentk"
+      expect_kinds "$rendered" "ClusterRole/gitlab-agent-agentk ClusterRoleBinding/gitlab-agent-agentk Deployment/agentk PodDisruptionBudget/agentk Role/agentk-gitops-lease RoleBinding/agentk-gitops-lease ServiceAccount/agentk"
       volumes=$(container_field "$rendered" pod.volumes)
       expect_contains "existing-secret volumes" "$volumes" '"secretName": "my-agentk-token"'
       expect_contains "existing-secret volumes" "$volumes" '"key": "agent-token"'
@@ -155,15 +157,15 @@ for values in "${value_files[@]}"; do
       [[ $(container_field "$rendered" pod.serviceAccountName) == '"agentk-managed-elsewhere"' ]] || die "rbac-off SA name"
       ;;
     network-policy)
-      expect_kinds "$rendered" "ClusterRole/gitlab-agent-agentk ClusterRoleBinding/gitlab-agent-agentk Deployment/agentk NetworkPolicy/agentk PodDisruptionBudget/agentk Secret/agentk-token ServiceAccount/agentk"
+      expect_kinds "$rendered" "ClusterRole/gitlab-agent-agentk ClusterRoleBinding/gitlab-agent-agentk Deployment/agentk NetworkPolicy/agentk PodDisruptionBudget/agentk Role/agentk-gitops-lease RoleBinding/agentk-gitops-lease Secret/agentk-token ServiceAccount/agentk"
       ;;
     ca-cert)
-      expect_kinds "$rendered" "ClusterRole/gitlab-agent-agentk ClusterRoleBinding/gitlab-agent-agentk ConfigMap/agentk-ca Deployment/agentk PodDisruptionBudget/agentk Secret/agentk-token ServiceAccount/agentk"
+      expect_kinds "$rendered" "ClusterRole/gitlab-agent-agentk ClusterRoleBinding/gitlab-agent-agentk ConfigMap/agentk-ca Deployment/agentk PodDisruptionBudget/agentk Role/agentk-gitops-lease RoleBinding/agentk-gitops-lease Secret/agentk-token ServiceAccount/agentk"
       expect_contains "ca-cert args" "$args" '"--ca-cert-file=/etc/agentk/ca/ca.crt"'
       grep -q 'BEGIN CERTIFICATE' "$rendered" || die "ca-cert: certificate not in the ConfigMap"
       ;;
     tuned)
-      expect_kinds "$rendered" "ClusterRole/gitlab-agent-agentk ClusterRoleBinding/gitlab-agent-agentk ClusterRoleBinding/gitlab-agent-agentk-cluster-admin Deployment/agentk Secret/agentk-token ServiceAccount/agentk"
+      expect_kinds "$rendered" "ClusterRole/gitlab-agent-agentk ClusterRoleBinding/gitlab-agent-agentk ClusterRoleBinding/gitlab-agent-agentk-cluster-admin Deployment/agentk Role/agentk-gitops-lease RoleBinding/agentk-gitops-lease Secret/agentk-token ServiceAccount/agentk"
       [[ $(container_field "$rendered" pod.terminationGracePeriodSeconds) == 60 ]] || die "tuned termination grace"
       expect_contains "tuned args" "$args" '"--grace-period=45s"'
       grep -q 'verbs: \["impersonate"\]' "$rendered" || die "tuned: rbac.impersonate did not grant impersonate"

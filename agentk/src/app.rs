@@ -45,13 +45,14 @@ pub struct App {
     config: AgentConfig,
     token: Arc<str>,
     /// One lazily connected channel per kas address, in `--kas-address` order.
-    channels: Vec<(String, Channel)>,
+    channels: Arc<[(String, Channel)]>,
     modules: Arc<[Arc<dyn Module>]>,
     observer: Option<ConfigurationObserver>,
     connected: watch::Sender<Option<ConnectionId>>,
     pool_stats: watch::Sender<PoolStats>,
     configuration: watch::Sender<Option<pb::ConfigurationResponse>>,
     failed_attempts: watch::Sender<u64>,
+    gitops: watch::Sender<crate::status::GitopsState>,
     /// Bound in `new`, served by `run` (taken there).
     observability: Option<TcpListener>,
     observability_address: SocketAddr,
@@ -130,11 +131,20 @@ impl App {
             .collect::<Result<Vec<_>, AgentError>>()?;
         let kube = kube_config(&config.kube).await?;
         let configuration = watch::channel(None).0;
-        let api_timeouts = modules::kubernetes_api::ApiTimeouts {
-            connect: config.kube_api_connect_timeout,
-            response_header: config.kube_api_response_header_timeout,
+        let gitops = watch::channel(crate::status::GitopsState::default()).0;
+        let context = modules::ModuleContext {
+            kube_config: &kube,
+            configuration: &configuration,
+            api_timeouts: modules::kubernetes_api::ApiTimeouts {
+                connect: config.kube_api_connect_timeout,
+                response_header: config.kube_api_response_header_timeout,
+            },
+            gitops: config.gitops,
+            pod_name: &config.pod_name,
+            pod_namespace: &config.pod_namespace,
+            gitops_state: &gitops,
         };
-        let modules = modules::all(&kube, &configuration, api_timeouts).map_err(|e| AgentError::Kube(e.to_string()))?;
+        let modules = modules::all(&context).map_err(|e| AgentError::Kube(e.to_string()))?;
         let observability = crate::observability::bind(config.observability_address).await?;
         let observability_address = observability
             .local_addr()
@@ -142,13 +152,14 @@ impl App {
         Ok(Self {
             config,
             token: token.into(),
-            channels,
+            channels: channels.into(),
             modules: modules.into(),
             observer: None,
             connected: watch::channel(None).0,
             pool_stats: watch::channel(PoolStats::default()).0,
             configuration,
             failed_attempts: watch::channel(0).0,
+            gitops,
             observability: Some(observability),
             observability_address,
         })
@@ -181,6 +192,7 @@ impl App {
             configuration: self.configuration.subscribe(),
             failed_attempts: self.failed_attempts.subscribe(),
             observability_address: self.observability_address,
+            gitops: self.gitops.subscribe(),
         }
     }
 
@@ -194,6 +206,13 @@ impl App {
         });
         let stop_all = CancellationToken::new();
         let in_flight = TaskTracker::new();
+        // Modules' own work (GitOps) runs beside the connection, across reconnects.
+        let run_context = modules::RunContext { kas: self.channels.clone(), token: self.token.clone() };
+        let module_tasks: Vec<_> = self
+            .modules
+            .iter()
+            .map(|m| tokio::spawn(m.clone().run(run_context.clone(), shutdown.child_token())))
+            .collect();
         let mut backoff = Backoff::new(RECONNECT_BASE, RECONNECT_CAP);
         let mut last_commit = String::new();
         // Each new connection goes to the next kas address: when a kas ends the connection
@@ -227,6 +246,10 @@ impl App {
             tracing::warn!("grace period over: cancelling in-flight requests");
             stop_all.cancel();
             in_flight.wait().await;
+        }
+        // They stopped at the signal; GitOps releases its Lease within its own bound.
+        for task in module_tasks {
+            let _ = task.await;
         }
         stop_observability.cancel();
         if let Some(task) = observability {
@@ -376,6 +399,7 @@ mod proptests {
                 Err(ConfigError::Pool { min, max }) => prop_assert!(min == 0 || min > max),
                 // No timeout flag is generated, so the defaults apply and are never zero.
                 Err(ConfigError::ZeroTimeout(flag)) => prop_assert!(false, "{flag} refused though not given"),
+                Err(e @ ConfigError::LeaseTimings { .. }) => prop_assert!(false, "defaults refused: {e}"),
             }
         }
     }

@@ -14,6 +14,10 @@ pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(20);
 /// the kubelet can probe the pod. Embedded agentk ([`AgentConfig::new`]) uses `127.0.0.1:0`.
 pub const DEFAULT_OBSERVABILITY_ADDRESS: &str = "0.0.0.0:8080";
 // Owned by the Kubernetes API module they configure.
+pub use crate::modules::gitops::{
+    DEFAULT_LEASE_DURATION, DEFAULT_LEASE_RENEW_DEADLINE, DEFAULT_LEASE_RETRY_PERIOD, DEFAULT_REAPPLY_PERIOD,
+    GitopsSettings,
+};
 pub use crate::modules::kubernetes_api::{DEFAULT_KUBE_API_CONNECT_TIMEOUT, DEFAULT_KUBE_API_RESPONSE_HEADER_TIMEOUT};
 
 /// The environment variables the `agentk` binary reads: each flag's (checked against
@@ -31,6 +35,10 @@ pub const ENVIRONMENT_VARIABLES: &[&str] = &[
     "AGENTK_GRACE_PERIOD",
     "AGENTK_KUBE_API_CONNECT_TIMEOUT",
     "AGENTK_KUBE_API_RESPONSE_HEADER_TIMEOUT",
+    "AGENTK_GITOPS_REAPPLY_PERIOD",
+    "AGENTK_GITOPS_LEASE_DURATION",
+    "AGENTK_GITOPS_LEASE_RENEW_DEADLINE",
+    "AGENTK_GITOPS_LEASE_RETRY_PERIOD",
     "POD_NAME",
     "POD_NAMESPACE",
     "AGENTK_LOG",
@@ -77,6 +85,21 @@ pub struct Args {
     /// the start of the request (504 after it). Bodies after the head stream without limit.
     #[arg(long, env = "AGENTK_KUBE_API_RESPONSE_HEADER_TIMEOUT", default_value = "70s", value_parser = humantime::parse_duration)]
     pub kube_api_response_header_timeout: Duration,
+    /// GitOps: how often the commit in force is applied again, correcting drift (changes made
+    /// to the objects in the cluster). A new commit is applied at once regardless.
+    #[arg(long, env = "AGENTK_GITOPS_REAPPLY_PERIOD", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub gitops_reapply_period: Duration,
+    /// GitOps leader election (one replica applies): how long the Lease holds without renewal.
+    /// Another replica takes over this long after the holder stopped renewing.
+    #[arg(long, env = "AGENTK_GITOPS_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
+    pub gitops_lease_duration: Duration,
+    /// GitOps leader election: the holder stops applying when it could not renew for this long
+    /// (below --gitops-lease-duration, so it stops before another replica may start).
+    #[arg(long, env = "AGENTK_GITOPS_LEASE_RENEW_DEADLINE", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub gitops_lease_renew_deadline: Duration,
+    /// GitOps leader election: how often the holder renews and the others try to acquire.
+    #[arg(long, env = "AGENTK_GITOPS_LEASE_RETRY_PERIOD", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub gitops_lease_retry_period: Duration,
     /// Pod name (from the downward API).
     #[arg(long, env = "POD_NAME", default_value = "")]
     pub pod_name: String,
@@ -127,6 +150,8 @@ pub struct AgentConfig {
     pub kube_api_response_header_timeout: Duration,
     /// How long the idle target waits without load before it halves (no flag: tests shorten it).
     pub idle_quiet_period: Duration,
+    /// The `--gitops-*` flags.
+    pub gitops: GitopsSettings,
     pub pod_name: String,
     pub pod_namespace: String,
     /// Where `/livez` and `/readyz` are served; port 0 picks a free port.
@@ -141,6 +166,11 @@ pub enum ConfigError {
     Pool { min: usize, max: usize },
     #[error("--{0} must be above zero")]
     ZeroTimeout(&'static str),
+    #[error(
+        "--gitops-lease-duration ({duration:?}) must exceed --gitops-lease-renew-deadline ({renew_deadline:?}), \
+         which must exceed 1.2 x --gitops-lease-retry-period ({retry_period:?})"
+    )]
+    LeaseTimings { duration: Duration, renew_deadline: Duration, retry_period: Duration },
 }
 
 impl AgentConfig {
@@ -156,6 +186,12 @@ impl AgentConfig {
             kube_api_connect_timeout: args.kube_api_connect_timeout,
             kube_api_response_header_timeout: args.kube_api_response_header_timeout,
             idle_quiet_period: crate::pool::DEFAULT_IDLE_QUIET_PERIOD,
+            gitops: GitopsSettings {
+                reapply_period: args.gitops_reapply_period,
+                lease_duration: args.gitops_lease_duration,
+                lease_renew_deadline: args.gitops_lease_renew_deadline,
+                lease_retry_period: args.gitops_lease_retry_period,
+            },
             pod_name: args.pod_name.clone(),
             pod_namespace: args.pod_namespace.clone(),
             observability_address: args.observability_address,
@@ -179,6 +215,7 @@ impl AgentConfig {
             kube_api_connect_timeout: DEFAULT_KUBE_API_CONNECT_TIMEOUT,
             kube_api_response_header_timeout: DEFAULT_KUBE_API_RESPONSE_HEADER_TIMEOUT,
             idle_quiet_period: crate::pool::DEFAULT_IDLE_QUIET_PERIOD,
+            gitops: GitopsSettings::default(),
             pod_name: String::new(),
             pod_namespace: String::new(),
             observability_address: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
@@ -208,6 +245,25 @@ impl AgentConfig {
         }
         if self.kube_api_response_header_timeout.is_zero() {
             return Err(ConfigError::ZeroTimeout("kube-api-response-header-timeout"));
+        }
+        let g = &self.gitops;
+        for (flag, value) in [
+            ("gitops-reapply-period", g.reapply_period),
+            ("gitops-lease-duration", g.lease_duration),
+            ("gitops-lease-renew-deadline", g.lease_renew_deadline),
+            ("gitops-lease-retry-period", g.lease_retry_period),
+        ] {
+            if value.is_zero() {
+                return Err(ConfigError::ZeroTimeout(flag));
+            }
+        }
+        // client-go's rules for the same three values (leaderelection.NewLeaderElector).
+        if g.lease_duration <= g.lease_renew_deadline || g.lease_renew_deadline <= g.lease_retry_period.mul_f64(1.2) {
+            return Err(ConfigError::LeaseTimings {
+                duration: g.lease_duration,
+                renew_deadline: g.lease_renew_deadline,
+                retry_period: g.lease_retry_period,
+            });
         }
         Ok(())
     }

@@ -15,6 +15,9 @@ pub const CONNECTIONS: &str = "agentk_connections_total";
 pub const REQUESTS: &str = "agentk_requests_total";
 pub const API_SERVER_LATENCY: &str = "agentk_api_server_response_seconds";
 pub const BUILD_INFO: &str = "agentk_build_info";
+pub const GITOPS_LEADER: &str = "agentk_gitops_leader";
+pub const GITOPS_SYNCS: &str = "agentk_gitops_syncs_total";
+pub const GITOPS_OBJECTS: &str = "agentk_gitops_objects_total";
 
 /// The process's Prometheus handle, installing the recorder on first use (at startup).
 pub fn handle() -> &'static PrometheusHandle {
@@ -43,6 +46,16 @@ pub fn handle() -> &'static PrometheusHandle {
             "Time until the Kubernetes API server's response head (proxy requests)"
         );
         metrics::describe_gauge!(BUILD_INFO, "Always 1; labels carry the version and commit");
+        metrics::describe_gauge!(GITOPS_LEADER, "1 while this replica holds the GitOps Lease (and applies manifests)");
+        metrics::describe_counter!(
+            GITOPS_SYNCS,
+            "GitOps syncs (apply of a commit or periodic re-apply), by outcome (ok, failed, cancelled)"
+        );
+        metrics::describe_counter!(
+            GITOPS_OBJECTS,
+            "Objects of GitOps syncs, by result (applied, unchanged, pruned, failed)"
+        );
+        metrics::gauge!(GITOPS_LEADER).set(0.0);
         metrics::gauge!(BUILD_INFO, "version" => crate::VERSION, "commit" => crate::COMMIT).set(1.0);
         handle
     })
@@ -93,4 +106,41 @@ pub fn api_server_latency(took: Duration) {
 
 pub fn connected() {
     metrics::counter!(CONNECTIONS).increment(1);
+}
+
+/// How a GitOps sync ended (the `outcome` label of `agentk_gitops_syncs_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncOutcome {
+    /// Every object applied (or unchanged) and pruned.
+    Ok,
+    /// The sync failed, or some objects did.
+    Failed,
+    /// A newer commit arrived during the apply.
+    Cancelled,
+}
+
+impl SyncOutcome {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+        }
+    }
+}
+
+pub fn gitops_sync(outcome: SyncOutcome, report: &kas_proto::gitops::SyncReport) {
+    metrics::counter!(GITOPS_SYNCS, "outcome" => outcome.label()).increment(1);
+    for (result, n) in [
+        ("applied", report.applied),
+        ("unchanged", report.unchanged),
+        ("pruned", report.pruned),
+        ("failed", report.failed),
+    ] {
+        metrics::counter!(GITOPS_OBJECTS, "result" => result).increment(u64::from(n));
+    }
+}
+
+pub fn gitops_leader(leader: bool) {
+    metrics::gauge!(GITOPS_LEADER).set(if leader { 1.0 } else { 0.0 });
 }

@@ -99,6 +99,7 @@ mod tests {
             configuration: watch::channel(None).1,
             failed_attempts: watch::channel(0).1,
             observability_address: SocketAddr::from(([127, 0, 0, 1], 0)),
+            gitops: watch::channel(Default::default()).1,
         };
         Fake { connected, pool, status }
     }

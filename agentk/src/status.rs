@@ -1,6 +1,7 @@
 //! What a running agentk exposes (readiness, metrics, tests): its own file, so that the
 //! observability listener and the metrics read it without depending on the lifecycle in `app`.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 use kas_proto::ConnectionId;
@@ -17,6 +18,7 @@ pub struct Status {
     pub failed_attempts: watch::Receiver<u64>,
     /// The bound address of the observability listener (`/livez`, `/readyz`).
     pub observability_address: SocketAddr,
+    pub gitops: watch::Receiver<GitopsState>,
 }
 
 impl Status {
@@ -31,4 +33,22 @@ impl Status {
 pub struct PoolStats {
     pub idle: usize,
     pub in_use: usize,
+}
+
+/// What the GitOps module is doing (tests; the metrics carry the same).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GitopsState {
+    /// This replica holds the GitOps Lease and runs the manifest projects' workers.
+    pub leader: bool,
+    /// The manifest projects whose workers run here, by (project id, ref).
+    pub projects: BTreeMap<(String, String), ProjectState>,
+}
+
+/// One manifest project's worker.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ProjectState {
+    /// Syncs finished (each one reported to kas).
+    pub syncs: u64,
+    /// The report of the last one, or of why kas cannot send the manifests (no commit then).
+    pub last: Option<kas_proto::gitops::SyncReport>,
 }

@@ -351,6 +351,17 @@ impl GitRepo {
         git_sync(work, &["push", "--quiet", &self.bare.display().to_string(), "HEAD:refs/heads/main"]);
         git_sync(work, &["rev-parse", "HEAD"]).trim().to_owned()
     }
+
+    /// Removes `path` from the work tree in a new commit pushed to `main`; returns its id.
+    pub fn remove(&self, path: &str) -> String {
+        let work = self.work.path();
+        git_sync(work, &["rm", "--quiet", "--", path]);
+        let message = format!("remove {path}");
+        let commit = ["commit", "--quiet", "-m", &message];
+        git_sync(work, &[&["-c", "user.name=kas-test", "-c", "user.email=kas@test.invalid"][..], &commit].concat());
+        git_sync(work, &["push", "--quiet", &self.bare.display().to_string(), "HEAD:refs/heads/main"]);
+        git_sync(work, &["rev-parse", "HEAD"]).trim().to_owned()
+    }
 }
 
 #[cfg(test)]

@@ -96,6 +96,9 @@ impl AgentConfigDocument {
                 .kubernetes_api
                 .as_ref()
                 .map(|k| pb::KubernetesApiConfiguration { disabled: !k.enabled, read_only: k.read_only }),
+            // Set per agent by the presence stream (`server::agent`), not part of the document.
+            agent_id: 0,
+            gitops: self.gitops.as_ref().map(GitopsDocument::to_proto),
         }
     }
 

@@ -6,6 +6,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use kas_proto::tunnel::pb;
 use serde::{Deserialize, Serialize};
 
 use super::RepositoryLocation;
@@ -136,6 +137,59 @@ pub enum ManifestRef {
     Branch(String),
     Tag(String),
     Commit(String),
+}
+
+impl ManifestRef {
+    /// The ref as the wire names it (`ObjectsToSynchronizeRequest.ref`,
+    /// `ManifestProjectConfiguration.ref`): "" for the default branch, `branch:<name>`,
+    /// `tag:<name>`, `commit:<id>`.
+    pub fn wire_name(&self) -> String {
+        match self {
+            Self::DefaultBranch => String::new(),
+            Self::Branch(b) => format!("branch:{b}"),
+            Self::Tag(t) => format!("tag:{t}"),
+            Self::Commit(c) => format!("commit:{c}"),
+        }
+    }
+}
+
+impl GitopsDocument {
+    /// What agentk needs of the section (`kas.tunnel.v1.GitopsConfiguration`); `paths` stay
+    /// with kas, which reads the files.
+    pub fn to_proto(&self) -> pb::GitopsConfiguration {
+        use pb::manifest_project_configuration::{
+            DryRunStrategy as WireDryRun, InventoryPolicy as WireInventory, PropagationPolicy as WirePropagation,
+        };
+        let millis = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let manifest_projects = self
+            .manifest_projects
+            .iter()
+            .map(|p| pb::ManifestProjectConfiguration {
+                id: p.id.clone(),
+                r#ref: p.manifest_ref().wire_name(),
+                default_namespace: p.default_namespace.clone(),
+                reconcile_timeout_ms: millis(p.reconcile_timeout),
+                dry_run_strategy: match p.dry_run_strategy {
+                    DryRunStrategy::None => WireDryRun::DryRunNone,
+                    DryRunStrategy::Client => WireDryRun::DryRunClient,
+                    DryRunStrategy::Server => WireDryRun::DryRunServer,
+                } as i32,
+                prune: p.prune,
+                prune_timeout_ms: millis(p.prune_timeout),
+                prune_propagation_policy: match p.prune_propagation_policy {
+                    PropagationPolicy::Foreground => WirePropagation::PropagationForeground,
+                    PropagationPolicy::Background => WirePropagation::PropagationBackground,
+                    PropagationPolicy::Orphan => WirePropagation::PropagationOrphan,
+                } as i32,
+                inventory_policy: match p.inventory_policy {
+                    InventoryPolicy::MustMatch => WireInventory::InventoryMustMatch,
+                    InventoryPolicy::AdoptIfNoInventory => WireInventory::InventoryAdoptIfNoInventory,
+                    InventoryPolicy::AdoptAll => WireInventory::InventoryAdoptAll,
+                } as i32,
+            })
+            .collect();
+        pb::GitopsConfiguration { manifest_projects }
+    }
 }
 
 impl ManifestProjectDocument {
@@ -308,6 +362,34 @@ mod tests {
         assert_eq!(p.dry_run_strategy, DryRunStrategy::Server);
         assert_eq!(p.prune_propagation_policy, PropagationPolicy::Orphan);
         assert_eq!(p.inventory_policy, InventoryPolicy::AdoptIfNoInventory);
+    }
+
+    #[test]
+    fn agentk_receives_each_project_with_its_wire_ref_and_settings() {
+        use pb::manifest_project_configuration::{DryRunStrategy as D, InventoryPolicy as I, PropagationPolicy as P};
+        let d = parse(
+            "gitops: {manifest_projects: [{id: g/m}, {id: g/m, ref: {tag: v1}, default_namespace: apps, \
+             reconcile_timeout: 1500ms, dry_run_strategy: server, prune: false, prune_timeout: 2s, \
+             prune_propagation_policy: orphan, inventory_policy: adopt_all}, {id: g/m, ref: {branch: b}}, \
+             {id: g/m, ref: {commit: 0123456789ABCDEF0123456789abcdef01234567}}]}",
+        )
+        .unwrap();
+        let wire = d.to_proto().gitops.unwrap().manifest_projects;
+        let refs: Vec<&str> = wire.iter().map(|p| p.r#ref.as_str()).collect();
+        assert_eq!(refs, ["", "tag:v1", "branch:b", "commit:0123456789abcdef0123456789abcdef01234567"]);
+        let (first, second) = (&wire[0], &wire[1]);
+        assert_eq!((first.id.as_str(), first.default_namespace.as_str(), first.prune), ("g/m", "default", true));
+        assert_eq!((first.reconcile_timeout_ms, first.prune_timeout_ms), (3_600_000, 3_600_000));
+        assert_eq!(
+            (first.dry_run_strategy(), first.prune_propagation_policy(), first.inventory_policy()),
+            (D::DryRunNone, P::PropagationForeground, I::InventoryMustMatch)
+        );
+        assert_eq!((second.default_namespace.as_str(), second.prune), ("apps", false));
+        assert_eq!((second.reconcile_timeout_ms, second.prune_timeout_ms), (1500, 2000));
+        assert_eq!(
+            (second.dry_run_strategy(), second.prune_propagation_policy(), second.inventory_policy()),
+            (D::DryRunServer, P::PropagationOrphan, I::InventoryAdoptAll)
+        );
     }
 
     #[test]

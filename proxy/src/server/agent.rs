@@ -56,6 +56,13 @@ fn now() -> prost_types::Timestamp {
     prost_types::Timestamp::from(std::time::SystemTime::now())
 }
 
+/// The configuration as this agent receives it: with its agent id (agentk names its GitOps Lease
+/// and inventories after it). The commit id stays the document's.
+fn for_agent(mut response: pb::ConfigurationResponse, agent_id: AgentId) -> pb::ConfigurationResponse {
+    response.configuration.get_or_insert_with(Default::default).agent_id = agent_id.0;
+    response
+}
+
 #[tonic::async_trait]
 impl AgentTunnel for AgentService {
     type GetConfigurationStream = ReceiverStream<Result<pb::ConfigurationResponse, Status>>;
@@ -85,7 +92,7 @@ impl AgentTunnel for AgentService {
         }
         // Subscribed before the first read: a push during it is not lost.
         let mut pushes = self.registry.subscribe_git_pushes();
-        let first = self.configurations.configuration(&agent).await?;
+        let first = for_agent(self.configurations.configuration(&agent).await?, agent.agent_id);
         match self.tunnels.connection_up(agent_id, connection_id).await {
             Ok(true) => {}
             Ok(false) => {
@@ -145,7 +152,7 @@ impl AgentTunnel for AgentService {
                     // A push to the configuration project: read it now, not at the next period.
                     pushed = next_git_push(&mut pushes, |push| is_pushed(&agent, push)) => Some(pushed),
                 };
-                match configurations.configuration_since(&agent, since).await {
+                match configurations.configuration_since(&agent, since).await.map(|c| for_agent(c, agent_id)) {
                     Ok(update) if update.commit_id != last_commit => {
                         tracing::info!(%agent_id, commit_id = %update.commit_id, "agent configuration changed");
                         last_commit.clone_from(&update.commit_id);

@@ -614,7 +614,7 @@ mod configuration_tests {
     fn api(settings: Option<KubernetesApiConfiguration>) -> KubernetesApi {
         let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
         let response = ConfigurationResponse {
-            configuration: Some(AgentConfiguration { observability: None, kubernetes_api: settings }),
+            configuration: Some(AgentConfiguration { kubernetes_api: settings, ..Default::default() }),
             commit_id: "c".into(),
         };
         KubernetesApi::new(&config, tokio::sync::watch::channel(Some(response)).1, ApiTimeouts::default()).unwrap()

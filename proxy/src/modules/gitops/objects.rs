@@ -34,16 +34,6 @@ pub struct ObjectsService {
     pub state: Arc<GitopsState>,
 }
 
-/// The ref of a manifest project as requests and reports name it.
-pub fn ref_name(r: &ManifestRef) -> String {
-    match r {
-        ManifestRef::DefaultBranch => String::new(),
-        ManifestRef::Branch(b) => format!("branch:{b}"),
-        ManifestRef::Tag(t) => format!("tag:{t}"),
-        ManifestRef::Commit(c) => format!("commit:{c}"),
-    }
-}
-
 /// The agent's manifest project `id` at ref `r`, from its current configuration (NOT_FOUND when
 /// the configuration does not list it).
 pub async fn configured_project(
@@ -54,7 +44,7 @@ pub async fn configured_project(
 ) -> Result<ManifestProjectDocument, KasError> {
     let document = state.configurations.document(agent).await?;
     let projects = document.gitops.map(|g| g.manifest_projects).unwrap_or_default();
-    projects.into_iter().find(|p| p.id == id && ref_name(&p.manifest_ref()) == r).ok_or_else(|| {
+    projects.into_iter().find(|p| p.id == id && p.manifest_ref().wire_name() == r).ok_or_else(|| {
         KasError::NotFound(format!(
             "agent {}'s configuration has no manifest project \"{id}\" with ref \"{r}\" (gitops.manifest_projects)",
             agent.agent_id

@@ -17,7 +17,6 @@ use kas_proto::kas::get_gitops_status_response::ProjectsSource;
 use kas_proto::kas::{GetGitopsStatusResponse, GitopsSync, ManifestProjectStatus};
 use tonic::{Request, Response, Status};
 
-use super::objects::ref_name;
 use super::state::GitopsState;
 use crate::agent::AgentConfigDocument;
 use crate::auth::agent_auth::AgentAuthenticator;
@@ -47,7 +46,7 @@ fn configured(document: &AgentConfigDocument) -> Vec<ManifestProjectKey> {
         .gitops
         .iter()
         .flat_map(|g| &g.manifest_projects)
-        .map(|p| ManifestProjectKey { project_id: p.id.clone(), git_ref: ref_name(&p.manifest_ref()) })
+        .map(|p| ManifestProjectKey { project_id: p.id.clone(), git_ref: p.manifest_ref().wire_name() })
         .collect()
 }
 
