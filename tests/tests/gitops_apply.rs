@@ -34,12 +34,15 @@ fn gitops(repo: &GitRepo, extra: &str) -> String {
     format!("gitops:\n  manifest_projects:\n    - id: {}\n{extra}", repo.bare.display())
 }
 
-/// A cluster whose agent 1 applies `repo` with `extra` settings, kas polling every 100 ms; the
+/// A cluster whose agent 1 applies `repo` with `extra` settings, kas polling both every 100 ms; the
 /// fake has the namespace of agentk's Lease.
 async fn cluster(repo: &GitRepo, extra: &str) -> Cluster {
     let c = Cluster::builder()
         .agent_configuration(1, AgentConfigDocument::parse(&gitops(repo, extra)).unwrap())
-        .configure(|config, _| config.agents.configuration_poll_period = Duration::from_millis(100))
+        .configure(|config, _| {
+            config.agents.configuration_poll_period = Duration::from_millis(100);
+            config.gitops.poll_period = Duration::from_millis(100);
+        })
         .start()
         .await;
     c.kube.add_namespace("agentk");
@@ -128,6 +131,24 @@ async fn a_commit_is_applied_and_the_next_prunes_what_left_without_touching_othe
     let mut expected = ["ConfigMap apps/extra", "ConfigMap apps/settings", "Deployment apps/web", "Namespace /apps"];
     expected.sort();
     assert_eq!(recorded(&c.kube, "apps", &inventory), expected);
+    // The report reached kas: its status API answers it (item 6, agentk and kas together).
+    let url = format!("{}/api/v1/agents/1/gitops", c.rest_url(0));
+    let mut body = Value::Null;
+    eventually!(
+        {
+            let response = reqwest::Client::new().get(&url).bearer_auth(c.gitlab_jwt()).send().await.unwrap();
+            body = response.json().await.unwrap();
+            body["manifest_projects"][0]["last_sync"]["commit_id"] == first.as_str()
+        },
+        "kas has agentk's report of the first commit: {body}"
+    );
+    let sync = &body["manifest_projects"][0]["last_sync"];
+    assert_eq!(body["manifest_projects"][0]["project_id"], project.as_str(), "{body}");
+    assert_eq!(
+        (sync["applied"].as_u64(), sync["pruned"].as_u64(), sync["failed"].as_u64()),
+        (Some(4), Some(0), Some(0))
+    );
+    assert_eq!(sync["pod_name"], "agentk-0", "{body}");
 
     // Someone else's ConfigMap next to ours, and one that has our name pattern but is not ours.
     let client = kube_client(&c.kube).await;
@@ -167,6 +188,7 @@ async fn must_match_refuses_an_existing_object_and_adopt_all_takes_it_over_when_
     let c = Cluster::builder()
         .configure(move |config, _| {
             config.agents.configuration_poll_period = Duration::from_millis(100);
+            config.gitops.poll_period = Duration::from_millis(100);
             set_configuration_repository(config.agents.static_file.as_ref().unwrap(), 0, bare.display().to_string());
         })
         .start()
