@@ -214,11 +214,7 @@ impl AgentRegistry for MemoryRegistry {
         configured: &[ManifestProjectKey],
         ttl: Duration,
     ) -> Result<(), RegistryError> {
-        let key = sync
-            .report
-            .as_ref()
-            .map(ManifestProjectKey::of)
-            .ok_or_else(|| RegistryError("a sync without its report".into()))?;
+        let key = ManifestProjectKey::of_sync(&sync)?;
         let now = Instant::now();
         let mut data = self.store.lock();
         let entry = data.gitops.entry(agent_id).or_insert_with(|| GitopsEntry {

@@ -127,6 +127,11 @@ impl ManifestProjectKey {
     pub fn of(report: &kas_proto::gitops::SyncReport) -> Self {
         Self { project_id: report.project_id.clone(), git_ref: report.r#ref.clone() }
     }
+
+    /// The key of a stored sync (its report is required).
+    pub fn of_sync(sync: &GitopsSync) -> Result<Self, RegistryError> {
+        sync.report.as_ref().map(Self::of).ok_or_else(|| RegistryError("a sync without its report".into()))
+    }
 }
 
 /// Lifetimes of what a registry writes.

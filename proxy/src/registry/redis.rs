@@ -589,11 +589,7 @@ impl AgentRegistry for RedisRegistry {
         configured: &[ManifestProjectKey],
         ttl: Duration,
     ) -> Result<(), RegistryError> {
-        let key = sync
-            .report
-            .as_ref()
-            .map(ManifestProjectKey::of)
-            .ok_or_else(|| RegistryError("a sync without its report".into()))?;
+        let key = ManifestProjectKey::of_sync(&sync)?;
         let projects = GitopsManifestProjects {
             projects: configured
                 .iter()

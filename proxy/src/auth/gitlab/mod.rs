@@ -197,9 +197,7 @@ impl GitlabClient {
     async fn project_info_uncounted(&self, token: &str, project: &str) -> Result<ProjectInfo, KasError> {
         self.acquire().await?;
         let jwt = self.api_jwt()?;
-        let mut authorization = http::HeaderValue::try_from(format!("Bearer {token}"))
-            .map_err(|_| KasError::Unauthenticated("malformed agent token".into()))?;
-        authorization.set_sensitive(true);
+        let authorization = agent_authorization(token)?;
         let response = self
             .http
             .get(&self.project_info_url)
@@ -254,9 +252,7 @@ impl GitlabClient {
     async fn agent_info_uncounted(&self, token: &str) -> Result<AgentInfo, KasError> {
         self.acquire().await?;
         let jwt = self.api_jwt()?;
-        let mut authorization = http::HeaderValue::try_from(format!("Bearer {token}"))
-            .map_err(|_| KasError::Unauthenticated("malformed agent token".into()))?;
-        authorization.set_sensitive(true);
+        let authorization = agent_authorization(token)?;
         let response = self
             .http
             .get(&self.agent_info_url)
@@ -389,6 +385,14 @@ impl TokenVerifier for GitlabVerifier {
         }
         Ok(identity)
     }
+}
+
+/// `Authorization: Bearer <agent token>` for GitLab's internal API, marked sensitive (never logged).
+fn agent_authorization(token: &str) -> Result<http::HeaderValue, KasError> {
+    let mut authorization = http::HeaderValue::try_from(format!("Bearer {token}"))
+        .map_err(|_| KasError::Unauthenticated("malformed agent token".into()))?;
+    authorization.set_sensitive(true);
+    Ok(authorization)
 }
 
 #[cfg(test)]
