@@ -4,8 +4,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-/// An open GitOps stream polls its manifest project this often (±10 % jitter). Pushes
-/// (`KasApi.GitPushEvent`) make it poll at once, so polling is only the safety net.
+/// An open GitOps stream polls its manifest project this often (all streams of one project at
+/// the same instants, `objects::until_next_poll`). Pushes (`KasApi.GitPushEvent`) make it poll
+/// at once, so polling is only the safety net.
 pub const DEFAULT_GITOPS_POLL_PERIOD: Duration = Duration::from_secs(300);
 /// agentk's sync reports are kept this long after an agent's last report.
 pub const DEFAULT_GITOPS_STATUS_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -20,7 +21,8 @@ pub const DEFAULT_PROJECT_INFO_MAX_ENTRIES: usize = 10_000;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct GitopsConfig {
-    /// How often an open GitOps stream polls its manifest project (±10 % jitter). A push
+    /// How often an open GitOps stream polls its manifest project (the streams of one project
+    /// together, at its phase). A push
     /// notification (`KasApi.GitPushEvent`, `POST /api/v1/git_push_events`) polls at once.
     #[serde(with = "humantime_serde")]
     pub poll_period: Duration,

@@ -2,9 +2,10 @@
 //! applies. Each stream re-reads the agent's document, locates the project
 //! ([`super::repository`]), resolves its ref (local repositories: `manifests::resolve_ref`;
 //! remote ones on a branch through `AgentConfigurations::resolve_since`, so mirrors, shared polls
-//! and the token bucket are the configuration's) every `gitops.poll_period` (±10 %), and at once
-//! when a push to the project arrives (from any kas, through the registry). On a new commit it
-//! sends a header, the objects as JSON in ≤ 1 MiB pieces, and a trailer.
+//! and the token bucket are the configuration's) every `gitops.poll_period` (all streams of a
+//! project at the same instants: [`until_next_poll`]), and at once when a push to the project
+//! arrives (from any kas, through the registry). On a new commit it sends a header, the objects
+//! as JSON in ≤ 1 MiB pieces, and a trailer.
 
 use std::sync::Arc;
 
@@ -187,6 +188,9 @@ impl GitopsAgent for ObjectsService {
             let mut last = request.commit_id.clone();
             let mut matching = PushMatch { full_path: request.project_id.clone(), gitlab_project_id: None };
             let mut since = None;
+            // Every stream of this project and ref polls at the same instants, so their polls share one
+            // read however many agents apply it.
+            let schedule = format!("{}\n{}", request.project_id, request.r#ref);
             loop {
                 // The configuration is read again for every later poll (it may have changed).
                 let project = match project.take() {
@@ -221,10 +225,9 @@ impl GitopsAgent for ObjectsService {
                         tracing::warn!(agent_id = %agent.agent_id, project = %request.project_id, error = %e, "manifest project poll failed")
                     }
                 }
-                // ±10 % jitter, as configuration polls.
-                let jitter = service.state.config.poll_period.mul_f64(rand::random_range(0.9..1.1));
+                let wait = until_next_poll(&schedule, service.state.config.poll_period, std::time::SystemTime::now());
                 since = tokio::select! {
-                    () = tokio::time::sleep(jitter) => None,
+                    () = tokio::time::sleep(wait) => None,
                     pushed = next_git_push(&mut pushes, |push| matching.matches(push)) => {
                         super::metrics::push_poll();
                         tracing::debug!(agent_id = %agent.agent_id, project = %request.project_id, "manifest project pushed to; polling");
@@ -237,5 +240,49 @@ impl GitopsAgent for ObjectsService {
             }
         });
         Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+/// How long until the next scheduled poll of a project: a project's polls fall at the instants
+/// `phase + k * period` of the wall clock, its phase taken from a hash of `schedule` (its id and
+/// ref). So the streams of every agent applying one project poll together and share one read
+/// (`AgentConfigurations`), on every kas replica, while different projects are spread over the
+/// period as random jitter would spread them.
+fn until_next_poll(schedule: &str, period: std::time::Duration, now: std::time::SystemTime) -> std::time::Duration {
+    use sha2::Digest as _;
+    let period_ms = u64::try_from(period.as_millis()).unwrap_or(u64::MAX).max(1);
+    let digest = sha2::Sha256::digest(schedule.as_bytes());
+    let phase = u64::from_be_bytes(digest[..8].try_into().unwrap_or_default()) % period_ms;
+    let now_ms = u64::try_from(now.duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis()).unwrap_or(0);
+    let into_period = (now_ms % period_ms + period_ms - phase) % period_ms;
+    std::time::Duration::from_millis(period_ms - into_period)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use super::until_next_poll;
+
+    /// Streams of one project poll at the same instants wherever they started; the wait is never
+    /// longer than a period; another project gets another phase.
+    #[test]
+    fn polls_of_one_project_fall_on_the_same_instants() {
+        let period = Duration::from_secs(300);
+        let next = |schedule: &str, at_ms: u64| {
+            let now = UNIX_EPOCH + Duration::from_millis(at_ms);
+            let wait = until_next_poll(schedule, period, now);
+            assert!(wait > Duration::ZERO && wait <= period, "{wait:?}");
+            (now + wait).duration_since(UNIX_EPOCH).unwrap().as_millis()
+        };
+        let start = 1_795_000_000_000;
+        let a = next("group/manifests\nbranch:main", start);
+        for offset in [1, 17_000, 123_456, 299_999] {
+            assert_eq!(next("group/manifests\nbranch:main", start + offset).abs_diff(a) % 300_000, 0);
+        }
+        assert_eq!(next("group/manifests\nbranch:main", start + 1), a, "same period, same instant");
+        let phases: std::collections::HashSet<u128> =
+            (0..20).map(|i| next(&format!("group/project-{i}\n"), start) % 300_000).collect();
+        assert!(phases.len() > 15, "projects are spread over the period: {phases:?}");
     }
 }

@@ -9,6 +9,7 @@
 //!   agentk processes). `--upstream` runs this program as that section's upstream server.
 
 mod git;
+mod gitops;
 mod proxy;
 
 use std::fmt::Write as _;
@@ -48,7 +49,7 @@ fn args() -> Args {
         rounds: 3,
         upstream: false,
         out: None,
-        sections: vec!["routing".into(), "proxy".into(), "git".into()],
+        sections: vec!["routing".into(), "proxy".into(), "git".into(), "gitops".into()],
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -62,7 +63,7 @@ fn args() -> Args {
             "--sections" => a.sections = value().split(',').map(str::to_owned).collect(),
             other => {
                 panic!(
-                    "unknown flag {other} (use --trials N, --requests N, --rounds N, --sections routing,proxy,git, --out FILE)"
+                    "unknown flag {other} (use --trials N, --requests N, --rounds N, --sections routing,proxy,git,gitops, --out FILE)"
                 )
             }
         }
@@ -243,6 +244,9 @@ async fn main() {
     }
     if a.sections.iter().any(|s| s == "git") {
         git::run(a.trials, &mut report).await;
+    }
+    if a.sections.iter().any(|s| s == "gitops") {
+        gitops::run(a.trials, &mut report).await;
     }
     print!("{report}");
     if let Some(out) = a.out {
