@@ -18,6 +18,9 @@ pub const BUILD_INFO: &str = "agentk_build_info";
 pub const GITOPS_LEADER: &str = "agentk_gitops_leader";
 pub const GITOPS_SYNCS: &str = "agentk_gitops_syncs_total";
 pub const GITOPS_OBJECTS: &str = "agentk_gitops_objects_total";
+pub const CLUSTER_STATE_LEADER: &str = "agentk_cluster_state_leader";
+pub const CLUSTER_STATE_MESSAGES: &str = "agentk_cluster_state_pushed_messages_total";
+pub const CLUSTER_STATE_COALESCED: &str = "agentk_cluster_state_coalesced_changes_total";
 
 /// The process's Prometheus handle, installing the recorder on first use (at startup).
 pub fn handle() -> &'static PrometheusHandle {
@@ -55,7 +58,17 @@ pub fn handle() -> &'static PrometheusHandle {
             GITOPS_OBJECTS,
             "Objects of GitOps syncs, by result (applied, unchanged, pruned, failed)"
         );
+        metrics::describe_gauge!(
+            CLUSTER_STATE_LEADER,
+            "1 while this replica holds the cluster state Lease (runs the informers and pushes views to kas)"
+        );
+        metrics::describe_counter!(CLUSTER_STATE_MESSAGES, "Messages of views and changes pushed to kas");
+        metrics::describe_counter!(
+            CLUSTER_STATE_COALESCED,
+            "Object changes replaced by a newer change of the same object before kas took them (kas read slowly)"
+        );
         metrics::gauge!(GITOPS_LEADER).set(0.0);
+        metrics::gauge!(CLUSTER_STATE_LEADER).set(0.0);
         metrics::gauge!(BUILD_INFO, "version" => crate::VERSION, "commit" => crate::COMMIT).set(1.0);
         handle
     })
@@ -143,4 +156,16 @@ pub fn gitops_sync(outcome: SyncOutcome, report: &kas_proto::gitops::SyncReport)
 
 pub fn gitops_leader(leader: bool) {
     metrics::gauge!(GITOPS_LEADER).set(if leader { 1.0 } else { 0.0 });
+}
+
+pub fn cluster_state_leader(leader: bool) {
+    metrics::gauge!(CLUSTER_STATE_LEADER).set(if leader { 1.0 } else { 0.0 });
+}
+
+pub fn cluster_state_pushed() {
+    metrics::counter!(CLUSTER_STATE_MESSAGES).increment(1);
+}
+
+pub fn cluster_state_coalesced() {
+    metrics::counter!(CLUSTER_STATE_COALESCED).increment(1);
 }

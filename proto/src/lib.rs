@@ -56,3 +56,8 @@ pub mod get_pods {
 }
 
 pub use ids::{AgentId, ConnectionId, InvalidId, ProjectId};
+
+/// `kas.cluster_state.v1`: agentk's informer views and callers' reads of them.
+pub mod cluster_state {
+    pub use crate::pb::kas::cluster_state::v1::*;
+}

@@ -417,6 +417,12 @@ impl Bound {
         };
         let peers =
             Arc::new(peers.with_ping(config.kas_internal.peer_ping_interval, config.kas_internal.peer_ping_timeout));
+        let cluster_state = Arc::new(crate::modules::cluster_state::ClusterStateHub::new(
+            config.cluster_state.clone(),
+            registry.clone(),
+            peers.clone(),
+            shutdown.clone(),
+        ));
         let router = Router::new(tunnels.clone(), registry.clone(), peers, config.routing.max_wait)
             .with_limits(config.routing.max_concurrent_requests, config.routing.max_concurrent_requests_per_agent);
         // Alive before the first agent registers, so peers do not ignore its records.
@@ -444,6 +450,7 @@ impl Bound {
             agent_auth: agent_auth.clone(),
             configurations: configurations.clone(),
             gitops: gitops.clone(),
+            cluster_state: cluster_state.clone(),
             shutdown: shutdown.clone(),
         };
         for module in &modules {
@@ -512,6 +519,7 @@ impl Bound {
             config: config.rest.clone().into(),
             callers,
             gitops,
+            cluster_state,
         };
         // HTTP/1.1 and HTTP/2, upgrades, optional TLS; on shutdown it stops accepting and lets
         // in-flight requests finish (bounded by the grace period below).

@@ -38,10 +38,13 @@ pub struct Config {
     pub connections: ConnectionsConfig,
     /// GitOps: poll period of manifest projects, how long sync reports are kept.
     pub gitops: crate::modules::gitops::GitopsConfig,
+    /// Real-time cluster state: how long views stay after agentk's stream ends, how many per agent.
+    pub cluster_state: crate::modules::cluster_state::ClusterStateConfig,
 }
 
 // Sections owned by the components they configure (their defaults live there too).
 pub use crate::auth::gitlab::config::*;
+pub use crate::modules::cluster_state::config::*;
 pub use crate::modules::configuration::config::*;
 pub use crate::modules::gitops::config::*;
 pub use crate::registry::config::*;
@@ -444,6 +447,12 @@ impl Config {
                 message: "must be greater than zero".into(),
             });
         }
+        if self.cluster_state.max_objects_per_agent == 0 {
+            return Err(ConfigError::Invalid {
+                key: "cluster_state.max_objects_per_agent",
+                message: "must be greater than zero".into(),
+            });
+        }
         if self.gitlab.caller_cache.max_entries == 0 {
             return Err(ConfigError::Invalid {
                 key: "gitlab.caller_cache.max_entries",
@@ -471,6 +480,7 @@ impl Config {
             ("agents.git.fetch_timeout", self.agents.git.fetch_timeout),
             ("gitops.poll_period", self.gitops.poll_period),
             ("gitops.status_ttl", self.gitops.status_ttl),
+            ("cluster_state.retention", self.cluster_state.retention),
             ("rest.request_timeout", self.rest.request_timeout),
             ("registry.ttl", self.registry.ttl),
             ("registry.refresh_period", self.registry.refresh_period),
@@ -568,6 +578,7 @@ impl Config {
             ("gitops.status_ttl", self.gitops.status_ttl),
             ("gitops.project_info_cache.ttl", self.gitops.project_info_cache.ttl),
             ("gitops.project_info_cache.error_ttl", self.gitops.project_info_cache.error_ttl),
+            ("cluster_state.retention", self.cluster_state.retention),
             ("routing.max_wait", self.routing.max_wait),
             ("registry.ttl", self.registry.ttl),
             ("registry.refresh_period", self.registry.refresh_period),

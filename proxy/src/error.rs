@@ -76,6 +76,9 @@ pub enum KasError {
     /// configuration does not list).
     #[error("{0}")]
     NotFound(String),
+    /// Another kas this request needs (the one holding an agent's cluster state) did not answer.
+    #[error("{0}")]
+    PeerUnavailable(String),
     /// A bug or an unexpected local failure. The detail is logged, never returned.
     #[error("internal error: {0}")]
     Internal(String),
@@ -106,6 +109,7 @@ impl KasError {
             Self::ResourceExhausted(_) => (Code::ResourceExhausted, S::TOO_MANY_REQUESTS),
             Self::Internal(_) => (Code::Internal, S::INTERNAL_SERVER_ERROR),
             Self::NotFound(_) => (Code::NotFound, S::NOT_FOUND),
+            Self::PeerUnavailable(_) => (Code::Unavailable, S::SERVICE_UNAVAILABLE),
         }
     }
 

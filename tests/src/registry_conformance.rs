@@ -74,6 +74,7 @@ pub async fn run_all(b: &impl Backend) {
     gitops_syncs_are_shared_and_kept_per_configured_project(b).await;
     gitops_syncs_expire_a_ttl_after_the_last_report(b).await;
     git_pushes_reach_every_instance(b).await;
+    cluster_state_holders_are_shared_replaced_and_expire(b).await;
 }
 
 pub async fn register_list_unregister(b: &impl Backend) {
@@ -343,4 +344,24 @@ pub async fn git_pushes_reach_every_instance(b: &impl Backend) {
         tokio::time::timeout(Duration::from_millis(300), at_other.recv()).await.is_err(),
         "an isolated store got the push"
     );
+}
+
+/// The kas holding an agent's cluster state is seen by every kas sharing the store; the last to
+/// say it wins; the claim ends with its ttl.
+pub async fn cluster_state_holders_are_shared_replaced_and_expire(b: &impl Backend) {
+    let k1 = b.instance(timing(LONG, LONG)).await;
+    let k2 = b.instance(timing(LONG, LONG)).await;
+    let other = b.isolated(timing(LONG, LONG)).await;
+    let agent = AgentId(rand::random::<i64>() & i64::MAX);
+    assert_eq!(k1.cluster_state_holder(agent).await.unwrap(), None);
+    k1.put_cluster_state_holder(agent, LONG).await.unwrap();
+    let holder = k2.cluster_state_holder(agent).await.unwrap().expect("k2 sees k1's claim");
+    assert_eq!(holder.instance_id, k1.instance().instance_id);
+    assert_eq!(holder.address, k1.instance().address, "with its internal address");
+    k2.put_cluster_state_holder(agent, SHORT).await.unwrap();
+    let holder = k1.cluster_state_holder(agent).await.unwrap().expect("k2's claim");
+    assert_eq!(holder.instance_id, k2.instance().instance_id, "the last claim wins");
+    assert_eq!(other.cluster_state_holder(agent).await.unwrap(), None, "isolated stores see nothing");
+    tokio::time::sleep(SHORT * 2).await;
+    assert_eq!(k1.cluster_state_holder(agent).await.unwrap(), None, "outlived its ttl");
 }

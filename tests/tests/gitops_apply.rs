@@ -507,8 +507,11 @@ async fn only_the_lease_holder_applies_and_another_replica_takes_over_when_it_di
         move |v: &Value| log_message(v) == Some("GitOps sync finished") && v["fields"]["commit"] == commit.as_str()
     };
 
+    let acquired_gitops_lease = |v: &Value| {
+        log_message(v) == Some("acquired the lease: this replica leads") && v["fields"]["lease"] == "agentk-gitops-1"
+    };
     let mut one = start("agentk-one");
-    one.wait_for_message("acquired the GitOps lease: this replica applies manifests").await;
+    one.wait_for_log("the GitOps lease acquired", acquired_gitops_lease).await;
     one.wait_for_log("the first commit applied", synced(first.clone())).await;
     let mut two = start("agentk-two");
     two.wait_for_message("competing for the GitOps lease").await;
@@ -531,11 +534,11 @@ async fn only_the_lease_holder_applies_and_another_replica_takes_over_when_it_di
     }
 
     one.kill().await;
-    two.wait_for_message("acquired the GitOps lease: this replica applies manifests").await;
+    two.wait_for_log("the GitOps lease taken over", acquired_gitops_lease).await;
     assert_eq!(holder(), "agentk-two");
     // agentk-two applied nothing before it held the Lease.
     let lines = two.stderr();
-    let acquired = lines.find("acquired the GitOps lease").unwrap();
+    let acquired = lines.find("acquired the lease").unwrap();
     assert!(!lines[..acquired].contains("GitOps sync finished"), "{lines}");
     two.wait_for_log("the first commit re-applied by the new holder", synced(first)).await;
     let second = repo.commit("b.yaml", b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: b}\n");

@@ -3,6 +3,7 @@
 //! GitOps (streams it opens to kas, writes to the cluster), does it in `run`. The one list of
 //! modules of this binary is [`all`].
 
+pub mod cluster_state;
 pub mod get_pods;
 pub mod gitops;
 pub mod kubernetes_api;
@@ -78,7 +79,8 @@ pub fn all(context: &ModuleContext) -> Result<Vec<Arc<dyn Module>>, kube::Error>
             context.configuration.subscribe(),
             context.api_timeouts,
         )?),
-        Arc::new(gitops::Gitops::new(client, context)),
+        Arc::new(gitops::Gitops::new(client.clone(), context)),
+        Arc::new(cluster_state::ClusterState::new(client, context)),
     ])
 }
 

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::access::{CiAccessDocument, UserAccessDocument};
+use super::cluster_state::ClusterStateDocument;
 use super::gitops::GitopsDocument;
 
 /// The agent configuration document (`config.yaml`; every section optional).
@@ -29,6 +30,9 @@ pub struct AgentConfigDocument {
     /// Manifest projects kas polls and agentk applies.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gitops: Option<GitopsDocument>,
+    /// Resources agentk watches and whose views it pushes to kas.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_state: Option<ClusterStateDocument>,
 }
 
 /// How agentk serves the Kubernetes API proxy; refusals are HTTP 403 Kubernetes `Status`es.
@@ -84,6 +88,9 @@ impl AgentConfigDocument {
         if let Some(gitops) = &self.gitops {
             gitops.validate()?;
         }
+        if let Some(cluster_state) = &self.cluster_state {
+            cluster_state.validate()?;
+        }
         Ok(())
     }
 
@@ -99,6 +106,7 @@ impl AgentConfigDocument {
             // Set per agent by the presence stream (`server::agent`), not part of the document.
             agent_id: 0,
             gitops: self.gitops.as_ref().map(GitopsDocument::to_proto),
+            cluster_state: self.cluster_state.as_ref().map(ClusterStateDocument::to_proto),
         }
     }
 

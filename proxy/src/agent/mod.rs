@@ -3,6 +3,7 @@
 //! it depends on neither.
 
 pub mod access;
+pub mod cluster_state;
 pub mod document;
 pub mod gitops;
 

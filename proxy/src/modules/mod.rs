@@ -9,6 +9,7 @@
 //! feature that implements it. A new feature adds its own gRPC service instead
 //! ([`Module::grpc_services`]).
 
+pub mod cluster_state;
 pub mod configuration;
 pub mod connected_agents;
 pub mod get_pods;
@@ -62,6 +63,8 @@ pub struct ModuleContext {
     pub configurations: std::sync::Arc<dyn configuration::ConfigurationSource>,
     /// GitOps's state, shared with `KasApi` and the REST gateway.
     pub gitops: std::sync::Arc<gitops::state::GitopsState>,
+    /// The cluster state agents push, shared with the REST gateway.
+    pub cluster_state: std::sync::Arc<cluster_state::ClusterStateHub>,
     /// kas is shutting down: long-lived streams end (agentk reconnects to another kas).
     pub shutdown: tokio_util::sync::CancellationToken,
 }
@@ -84,5 +87,6 @@ pub fn all() -> Vec<Box<dyn Module>> {
         Box::new(kubernetes_api::KubernetesApi),
         Box::new(configuration::Configuration),
         Box::new(gitops::Gitops),
+        Box::new(cluster_state::ClusterState),
     ]
 }

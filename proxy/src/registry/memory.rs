@@ -36,6 +36,8 @@ struct Data {
     seen_until: HashMap<AgentId, Instant>,
     /// agent -> its GitOps syncs (as Redis's `gitops:<agent>` hash)
     gitops: HashMap<AgentId, GitopsEntry>,
+    /// agent -> the kas holding its cluster state, until when
+    cluster_state_holders: HashMap<AgentId, (KasInstanceInfo, Instant)>,
 }
 
 #[derive(Debug)]
@@ -169,6 +171,7 @@ impl AgentRegistry for MemoryRegistry {
         data.instances.retain(|_, t| *t > now);
         data.seen_until.retain(|_, t| *t > now);
         data.gitops.retain(|_, e| e.expires_at > now);
+        data.cluster_state_holders.retain(|_, (_, until)| *until > now);
         Ok(())
     }
 
@@ -251,6 +254,18 @@ impl AgentRegistry for MemoryRegistry {
 
     fn subscribe_git_pushes(&self) -> broadcast::Receiver<GitPush> {
         self.store.pushes.subscribe()
+    }
+
+    async fn put_cluster_state_holder(&self, agent_id: AgentId, ttl: Duration) -> Result<(), RegistryError> {
+        let until = Instant::now() + ttl;
+        self.store.lock().cluster_state_holders.insert(agent_id, (self.instance.clone(), until));
+        Ok(())
+    }
+
+    async fn cluster_state_holder(&self, agent_id: AgentId) -> Result<Option<KasInstanceInfo>, RegistryError> {
+        let now = Instant::now();
+        let data = self.store.lock();
+        Ok(data.cluster_state_holders.get(&agent_id).filter(|(_, until)| *until > now).map(|(kas, _)| kas.clone()))
     }
 
     async fn remove_all_owned(&self) -> Result<(), RegistryError> {

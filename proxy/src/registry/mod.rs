@@ -213,6 +213,11 @@ pub trait AgentRegistry: Send + Sync + 'static {
     /// Push events from every kas. A receiver that lags has missed some: it should act as if
     /// every project had been pushed to.
     fn subscribe_git_pushes(&self) -> broadcast::Receiver<GitPush>;
+    /// Says that this kas holds the agent's cluster state (agentk pushes its views here), until
+    /// `ttl` unless said again; replaces what another kas said.
+    async fn put_cluster_state_holder(&self, agent_id: AgentId, ttl: Duration) -> Result<(), RegistryError>;
+    /// The kas that last said it holds the agent's cluster state, within its ttl.
+    async fn cluster_state_holder(&self, agent_id: AgentId) -> Result<Option<KasInstanceInfo>, RegistryError>;
 }
 
 /// Sorts records the same way in every backend (agent id, then connection id).

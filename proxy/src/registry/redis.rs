@@ -12,6 +12,8 @@
 //!   that project and ref). PEXPIRE = `gitops.status_ttl`, renewed by every report; one script
 //!   writes a report, the list, drops reports of projects no longer configured and renews the
 //!   expiry, atomically.
+//! - `P:cluster_state:<agent id>`: the `KasInstanceInfo` of the kas holding the agent's cluster
+//!   state (issue 17), PX = how long that kas keeps the state after agentk's stream ends.
 //! - `P:git_push`: pub-sub channel of `kas.v1.GitPushEvent`s (pushes, from any kas), on the same
 //!   subscription as the events.
 //!
@@ -139,6 +141,9 @@ impl Keys {
     }
     fn gitops(&self, agent: AgentId) -> String {
         format!("{}:gitops:{agent}", self.prefix)
+    }
+    fn cluster_state_holder(&self, agent: AgentId) -> String {
+        format!("{}:cluster_state:{agent}", self.prefix)
     }
     fn git_push(&self) -> String {
         format!("{}:git_push", self.prefix)
@@ -636,6 +641,22 @@ impl AgentRegistry for RedisRegistry {
 
     fn subscribe_git_pushes(&self) -> broadcast::Receiver<GitPush> {
         self.pushes.subscribe()
+    }
+
+    async fn put_cluster_state_holder(&self, agent_id: AgentId, ttl: Duration) -> Result<(), RegistryError> {
+        let key = self.keys.cluster_state_holder(agent_id);
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+        self.query(
+            "put_cluster_state_holder",
+            redis::pipe().pset_ex(key, self.instance.encode_to_vec(), ttl_ms).ignore(),
+        )
+        .await
+    }
+
+    async fn cluster_state_holder(&self, agent_id: AgentId) -> Result<Option<KasInstanceInfo>, RegistryError> {
+        let (raw,): (Option<Vec<u8>>,) =
+            self.query("cluster_state_holder", redis::pipe().get(self.keys.cluster_state_holder(agent_id))).await?;
+        raw.map(|raw| KasInstanceInfo::decode(raw.as_slice()).map_err(|e| err("cluster_state_holder", e))).transpose()
     }
 
     async fn remove_all_owned(&self) -> Result<(), RegistryError> {

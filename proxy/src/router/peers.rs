@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures::StreamExt;
-use kas_proto::kas::ConnectedAgentInfo;
 use kas_proto::kas::kas_internal_client::KasInternalClient;
+use kas_proto::kas::{ConnectedAgentInfo, KasAddress};
 use kas_proto::metadata::{AUTHORIZATION, HOP_AGENT_ID, HOP_CONNECTION_ID, HOP_METHOD};
 use kas_proto::tunnel::pb::ConnectResponse;
 use tokio::sync::{mpsc, watch};
@@ -176,7 +176,7 @@ impl Peers {
         let address = connection
             .kas_address
             .as_ref()
-            .map(|a| if a.ip.contains(':') { format!("[{}]:{}", a.ip, a.port) } else { format!("{}:{}", a.ip, a.port) })
+            .map(socket_address)
             .ok_or_else(|| PeerError::Unavailable("connection record without a kas address".into()))?;
         let channel = self.shared.channel_if_up(&address)?;
         let mut client = KasInternalClient::new(channel);
@@ -215,6 +215,21 @@ impl Peers {
             }),
         }
     }
+}
+
+impl Peers {
+    /// The channel to the peer at `address` (shared with forwarded tunnels, so its health counts
+    /// the same way) and the `authorization` value its internal listener wants: for the features'
+    /// own `KasInternal`-side services.
+    pub fn internal_channel(&self, address: &KasAddress) -> Result<(Channel, String), PeerError> {
+        let channel = self.shared.channel_if_up(&socket_address(address))?;
+        Ok((channel, format!("Bearer {}", self.shared.token()?)))
+    }
+}
+
+/// `ip:port`, with brackets around an IPv6 address.
+fn socket_address(a: &KasAddress) -> String {
+    if a.ip.contains(':') { format!("[{}]:{}", a.ip, a.port) } else { format!("{}:{}", a.ip, a.port) }
 }
 
 /// A status tonic made from a connection failure (refused, reset, keepalive timeout), as

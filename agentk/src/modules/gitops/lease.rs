@@ -27,6 +27,8 @@ pub struct Elector {
     pub name: String,
     pub identity: String,
     pub settings: GitopsSettings,
+    /// Told each change of leadership (the feature's leader metric).
+    pub report: fn(bool),
 }
 
 /// The record as last read, and when (this process's clock) it was last seen to change.
@@ -68,9 +70,9 @@ impl Elector {
                     Err(e) => {
                         let e = super::apply::describe(&e);
                         if e == last_error {
-                            tracing::debug!(lease = %self.name, error = %e, "GitOps lease: cannot read or write it");
+                            tracing::debug!(lease = %self.name, error = %e, "lease: cannot read or write it");
                         } else {
-                            tracing::warn!(lease = %self.name, error = %e, "GitOps lease: cannot read or write it");
+                            tracing::warn!(lease = %self.name, error = %e, "lease: cannot read or write it");
                             last_error = e;
                         }
                     }
@@ -81,8 +83,8 @@ impl Elector {
                 }
             }
             last_error.clear();
-            tracing::info!(lease = %self.name, identity = %self.identity, "acquired the GitOps lease: this replica applies manifests");
-            crate::metrics::gitops_leader(true);
+            tracing::info!(lease = %self.name, identity = %self.identity, "acquired the lease: this replica leads");
+            (self.report)(true);
             leader.send_replace(true);
             // Renew; step down when the renew deadline passes without a successful renewal.
             let mut renewed = Instant::now();
@@ -95,30 +97,30 @@ impl Elector {
                 match tokio::time::timeout(left, self.try_acquire_or_renew(&mut observed)).await {
                     Ok(Ok(true)) => renewed = Instant::now(),
                     Ok(Ok(false)) => {
-                        tracing::warn!(lease = %self.name, "GitOps lease: taken over by another replica");
+                        tracing::warn!(lease = %self.name, "lease: taken over by another replica");
                         break true;
                     }
-                    Ok(Err(e)) => tracing::warn!(lease = %self.name, error = %e, "GitOps lease: renewal failed"),
+                    Ok(Err(e)) => tracing::warn!(lease = %self.name, error = %e, "lease: renewal failed"),
                     Err(_) => {}
                 }
                 if renewed.elapsed() >= self.settings.lease_renew_deadline {
-                    tracing::warn!(lease = %self.name, "GitOps lease: not renewed within the renew deadline");
+                    tracing::warn!(lease = %self.name, "lease: not renewed within the renew deadline");
                     break true;
                 }
             };
             leader.send_replace(false);
-            crate::metrics::gitops_leader(false);
+            (self.report)(false);
             if !stepped_down {
                 // `stop`: the workers have ended (the caller stops them first); let another
                 // replica take over now rather than after the lease duration.
                 match tokio::time::timeout(RELEASE_TIMEOUT, self.release()).await {
-                    Ok(Ok(())) => tracing::info!(lease = %self.name, "released the GitOps lease"),
-                    Ok(Err(e)) => tracing::warn!(lease = %self.name, error = %e, "GitOps lease: release failed"),
-                    Err(_) => tracing::warn!(lease = %self.name, "GitOps lease: release timed out"),
+                    Ok(Ok(())) => tracing::info!(lease = %self.name, "released the lease"),
+                    Ok(Err(e)) => tracing::warn!(lease = %self.name, error = %e, "lease: release failed"),
+                    Err(_) => tracing::warn!(lease = %self.name, "lease: release timed out"),
                 }
                 return;
             }
-            tracing::info!(lease = %self.name, "lost the GitOps lease: stopped applying");
+            tracing::info!(lease = %self.name, "lost the lease: stopped leading");
         }
     }
 

@@ -214,6 +214,7 @@ impl Gitops {
             name: lease_name(agent_id),
             identity: self.identity.clone(),
             settings: self.settings,
+            report: crate::metrics::gitops_leader,
         };
         tracing::info!(lease = %election.name, namespace = %self.namespace, identity = %self.identity, "competing for the GitOps lease");
         let task = tokio::spawn(election.run(tx, stop.clone()));

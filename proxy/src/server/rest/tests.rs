@@ -25,6 +25,7 @@ struct Fixture {
     app: axum::Router,
     secret: Secret,
     registry: Arc<dyn AgentRegistry>,
+    cluster_state: Arc<crate::modules::cluster_state::ClusterStateHub>,
     _stop: DropGuard,
 }
 
@@ -40,16 +41,24 @@ fn fixture_with(config: RestConfig, max_wait: Duration) -> Fixture {
     let timing = RegistryTiming { ttl: Duration::from_secs(300), heartbeat_ttl: Duration::from_secs(60) };
     let registry: Arc<dyn AgentRegistry> = Arc::new(MemoryRegistry::new(instance, timing));
     let secret = Secret::generate();
-    let kas_router = Router::new(tunnels, registry.clone(), Arc::new(Peers::new(Secret::generate())), max_wait);
+    let peers = Arc::new(Peers::new(Secret::generate()));
+    let kas_router = Router::new(tunnels, registry.clone(), peers.clone(), max_wait);
+    let cluster_state = Arc::new(crate::modules::cluster_state::ClusterStateHub::new(
+        Default::default(),
+        registry.clone(),
+        peers,
+        stop.clone(),
+    ));
     let state = RestState {
         router: kas_router,
         verifier: JwtVerifier::gitlab(&secret),
         config: config.into(),
         callers: Default::default(),
         gitops: gitops_state(registry.clone()),
+        cluster_state: cluster_state.clone(),
     };
     let app = router(state, &crate::modules::all());
-    Fixture { app, secret, registry, _stop: stop.drop_guard() }
+    Fixture { app, secret, registry, cluster_state, _stop: stop.drop_guard() }
 }
 
 /// Agent 1 of the static agents file has two manifest projects; agent 2 none.
@@ -308,6 +317,9 @@ async fn openapi_and_swagger_ui_are_public() {
         ("/api/v1/projects/{project_id}/agents", "connectedAgentsForProject"),
         ("/api/v1/agents/{agent_id}/pods", "getPods"),
         ("/api/v1/agents/{agent_id}/gitops", "getGitopsStatus"),
+        ("/api/v1/agents/{agent_id}/cluster_state", "getClusterState"),
+        ("/api/v1/agents/{agent_id}/cluster_state/{resource}", "listClusterStateObjects"),
+        ("/api/v1/agents/{agent_id}/events", "watchClusterState"),
     ] {
         let get = &spec["paths"][path]["get"];
         assert_eq!(get["operationId"], op);
@@ -565,4 +577,127 @@ async fn git_push_events_are_published_and_bad_ones_are_400_problems() {
     let (s, h, b) = f.send(req).await;
     assert_problem(s, &h, &b, StatusCode::UNAUTHORIZED);
     assert!(pushes.try_recv().is_err());
+}
+
+/// Pushes a listing of pods (and deployments) into the hub, as agentk's stream would.
+fn push_pods(f: &Fixture, agent: i64, pods: &[(&str, &str, &str)]) {
+    use kas_proto::cluster_state::resource_update::Phase;
+    use kas_proto::cluster_state::{ObjectView, PushRequest, ResourceKey, ResourceUpdate};
+    let state = f.cluster_state.states.get_or_create(kas_proto::AgentId(agent));
+    state.stream_opened();
+    let key = ResourceKey { group: String::new(), version: "v1".into(), resource: "pods".into() };
+    let upserts = pods
+        .iter()
+        .map(|(ns, name, phase)| ObjectView {
+            namespace: (*ns).into(),
+            name: (*name).into(),
+            uid: format!("uid-{name}"),
+            resource_version: "1".into(),
+            status: (*phase).into(),
+            ready: *phase == "Running",
+            node_name: "node-a".into(),
+            ..Default::default()
+        })
+        .collect();
+    let update = |phase: Phase, upserts| ResourceUpdate {
+        resource: Some(key.clone()),
+        phase: phase as i32,
+        upserts,
+        kind: "Pod".into(),
+        namespaced: true,
+        ..Default::default()
+    };
+    state.apply(PushRequest {
+        resources: vec![key.clone()],
+        updates: vec![update(Phase::SnapshotBegin, upserts), update(Phase::SnapshotEnd, vec![])],
+    });
+}
+
+#[tokio::test]
+async fn cluster_state_answers_summaries_and_views_from_kas_memory() {
+    let f = fixture();
+    let (s, h, b) = f.get("/api/v1/agents/1/cluster_state").await;
+    let detail = assert_problem(s, &h, &b, StatusCode::NOT_FOUND);
+    assert!(detail.contains("no cluster state for agent 1"), "{detail}");
+
+    push_pods(&f, 1, &[("prod", "web-1", "Running"), ("prod", "web-2", "Pending"), ("dev", "db", "Running")]);
+    let (s, _, b) = f.get("/api/v1/agents/1/cluster_state").await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    assert_eq!(b["agent_id"], "1");
+    assert_eq!(b["live"], true);
+    assert!(b["observed_at"].as_str().unwrap().ends_with('Z'), "{b}");
+    let pods = &b["resources"][0];
+    assert_eq!(
+        (pods["name"].as_str(), pods["kind"].as_str(), pods["count"].as_u64()),
+        (Some("pods"), Some("Pod"), Some(3))
+    );
+    assert_eq!(pods["by_status"], serde_json::json!({"Running": 2, "Pending": 1}));
+    assert_eq!((pods["ready"].as_u64(), pods["synced"].as_bool()), (Some(2), Some(true)));
+
+    let (s, _, b) = f.get("/api/v1/agents/1/cluster_state/pods?namespace=prod").await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let names: Vec<&str> = b["objects"].as_array().unwrap().iter().map(|o| o["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["web-1", "web-2"]);
+    assert_eq!(b["objects"][0]["node_name"], "node-a");
+    assert_eq!(b["summary"]["count"], 3, "the summary is of the whole resource");
+
+    // The agent's stream ended: the data stays, and says how old it is.
+    f.cluster_state.states.get(kas_proto::AgentId(1)).unwrap().stream_closed();
+    let (_, _, b) = f.get("/api/v1/agents/1/cluster_state").await;
+    assert_eq!(b["live"], false);
+
+    for (uri, status, needle) in [
+        (
+            "/api/v1/agents/1/cluster_state/deployments.apps",
+            StatusCode::NOT_FOUND,
+            "does not observe \"deployments.apps\" (cluster_state.resources: pods)",
+        ),
+        ("/api/v1/agents/1/cluster_state/Pods", StatusCode::BAD_REQUEST, "is not a resource name"),
+        ("/api/v1/agents/1/cluster_state/pods?namespace=Prod", StatusCode::BAD_REQUEST, "is not a namespace name"),
+        ("/api/v1/agents/0/cluster_state", StatusCode::BAD_REQUEST, "agent_id"),
+    ] {
+        let (s, h, b) = f.get(uri).await;
+        let detail = assert_problem(s, &h, &b, status);
+        assert!(detail.contains(needle), "{uri}: {detail}");
+    }
+}
+
+#[tokio::test]
+async fn cluster_state_events_stream_a_snapshot_then_changes_with_a_token_in_the_query() {
+    use futures::StreamExt;
+    let f = fixture();
+    push_pods(&f, 1, &[("prod", "web-1", "Running")]);
+    // No credential: 401 as problem+json, like every /api route.
+    let (s, h, b) = f.send(Request::get("/api/v1/agents/1/events").body(Body::empty()).unwrap()).await;
+    assert_problem(s, &h, &b, StatusCode::UNAUTHORIZED);
+    let (s, h, b) =
+        f.send(Request::get("/api/v1/agents/1/events?access_token=nope").body(Body::empty()).unwrap()).await;
+    assert_problem(s, &h, &b, StatusCode::UNAUTHORIZED);
+
+    // A browser's EventSource cannot set headers: the token comes in the query.
+    let uri = format!("/api/v1/agents/1/events?access_token={}", f.token());
+    let resp = f.app.clone().oneshot(Request::get(uri).body(Body::empty()).unwrap()).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(content_type(resp.headers()), "text/event-stream");
+    let mut body = resp.into_body().into_data_stream();
+    let mut text = String::new();
+    let mut next_event = async || loop {
+        if let Some(end) = text.find("\n\n") {
+            let event: String = text.drain(..end + 2).collect();
+            if !event.starts_with(':') {
+                return event;
+            }
+            continue;
+        }
+        let chunk = body.next().await.expect("stream open").unwrap();
+        text.push_str(std::str::from_utf8(&chunk).unwrap());
+    };
+    let snapshot = next_event().await;
+    assert!(snapshot.starts_with("event: snapshot\n"), "{snapshot}");
+    assert!(snapshot.contains("\"name\":\"web-1\"") && snapshot.contains("\"live\":true"), "{snapshot}");
+    push_pods(&f, 1, &[("prod", "web-1", "Running"), ("prod", "web-2", "Pending")]);
+    let upsert = next_event().await;
+    assert!(upsert.starts_with("event: upsert\n"), "{upsert}");
+    assert!(upsert.contains("\"resource\":\"pods\"") && upsert.contains("\"name\":\"web-2\""), "{upsert}");
+    assert!(upsert.contains("\nid: "), "events have ids: {upsert}");
 }

@@ -235,7 +235,7 @@ async fn main() {
     );
     if a.sections.iter().any(|s| s == "routing") {
         let _ = writeln!(report, "## Routing across kas (issue 3)\n");
-        routing(a.requests, &mut report).await;
+        Box::pin(routing(a.requests, &mut report)).await;
         wake_up(a.trials, &mut report).await;
         refresh(&mut report).await;
     }
