@@ -119,6 +119,8 @@ impl Modify for BearerScheme {
     tags(
         (name = "agents", description = "Agent connections and agent calls"),
         (name = "kubernetes", description = "The agent's Kubernetes API, proxied"),
+        (name = "gitops", description = "GitOps: sync status and push notifications"),
+        (name = "cluster_state", description = "Real-time cluster state from agentk's informer cache, answered by kas"),
     )
 )]
 struct ApiDoc;
