@@ -260,8 +260,8 @@ fn listing(r: &CachedResource) -> Vec<PushRequest> {
     messages
 }
 
-/// Keeps kas's copy equal to the cache until `stop`, reconnecting with backoff (to the next kas
-/// address each time).
+/// Keeps kas's copy equal to the cache until `stop`, reconnecting with backoff (to the kas
+/// addresses in `--kas-address` order, the next one after each failure).
 pub async fn run(
     kas: RunContext,
     mut observed: watch::Receiver<Vec<ResourceKey>>,
@@ -271,9 +271,8 @@ pub async fn run(
     let mut cache = Cache::default();
     cache.set_observed(observed.borrow_and_update().clone());
     let mut backoff = Backoff::new(RECONNECT_BASE, RECONNECT_CAP);
-    let start = rand::random_range(0..kas.kas.len().max(1));
     for attempt in 0usize.. {
-        let Some((address, channel)) = kas.kas.get((start + attempt) % kas.kas.len().max(1)) else { return };
+        let Some((address, channel)) = kas.kas.get(attempt % kas.kas.len().max(1)) else { return };
         let started = Instant::now();
         cache.reset();
         // One message in flight: kas's pace is the stream's pace; the rest coalesces in `cache`.
