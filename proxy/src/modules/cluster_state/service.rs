@@ -353,3 +353,84 @@ impl ClusterState for ClusterStateService {
         Ok(Response::new(events.boxed()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use kas_proto::cluster_state::resource_update::Phase;
+    use kas_proto::cluster_state::{ObjectView, PushRequest, ResourceKey, ResourceUpdate};
+    use kas_proto::kas::KasInstanceInfo;
+
+    use super::*;
+    use crate::auth::Secret;
+    use crate::registry::{MemoryRegistry, RegistryTiming};
+    use crate::router::peers::Peers;
+
+    fn hub() -> Arc<ClusterStateHub> {
+        let instance = KasInstanceInfo { instance_id: "kas-test".into(), ..Default::default() };
+        let timing = RegistryTiming { ttl: Duration::from_secs(60), heartbeat_ttl: Duration::from_secs(60) };
+        Arc::new(ClusterStateHub::new(
+            Default::default(),
+            Arc::new(MemoryRegistry::new(instance, timing)),
+            Arc::new(Peers::new(Secret::generate())),
+            tokio_util::sync::CancellationToken::new(),
+        ))
+    }
+
+    fn changes(phase: Phase, names: impl Iterator<Item = String>, rv: usize) -> PushRequest {
+        let key = ResourceKey { group: String::new(), version: "v1".into(), resource: "pods".into() };
+        let upserts =
+            names.map(|name| ObjectView { name, resource_version: rv.to_string(), ..Default::default() }).collect();
+        PushRequest {
+            resources: vec![],
+            updates: vec![ResourceUpdate {
+                resource: Some(key),
+                phase: phase as i32,
+                upserts,
+                kind: "Pod".into(),
+                namespaced: true,
+                ..Default::default()
+            }],
+        }
+    }
+
+    /// A subscriber that stops reading costs a bounded queue: the changes it missed are not kept
+    /// for it; when it reads again it gets the current state as a snapshot, not every change.
+    #[tokio::test]
+    async fn a_subscriber_that_stops_reading_gets_a_snapshot_instead_of_everything_it_missed() {
+        let hub = hub();
+        let state = hub.states.get_or_create(AgentId(1));
+        state.stream_opened();
+        state.apply(changes(Phase::SnapshotBegin, (0..10).map(|i| format!("p{i}")), 0));
+        state.apply(changes(Phase::SnapshotEnd, std::iter::empty(), 0));
+        let mut rx = hub.watch(AgentId(1), String::new(), Scope::Routed).await.unwrap();
+        let first = rx.recv().await.unwrap();
+        assert!(matches!(first.event, Some(event::Event::Snapshot(_))));
+        // 20,000 changes while the subscriber reads nothing.
+        const ROUNDS: usize = 2_000;
+        for rv in 1..=ROUNDS {
+            state.apply(changes(Phase::Changes, (0..10).map(|i| format!("p{i}")), rv));
+        }
+        tokio::task::yield_now().await;
+        let mut received = 0;
+        let mut snapshots = 0;
+        let mut latest = std::collections::BTreeMap::new();
+        while latest.len() < 10 || latest.values().any(|rv: &String| rv != &ROUNDS.to_string()) {
+            let e = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.expect("events").unwrap();
+            received += 1;
+            match e.event.as_ref().unwrap() {
+                event::Event::Snapshot(s) => {
+                    snapshots += 1;
+                    latest =
+                        s.resources[0].objects.iter().map(|o| (o.name.clone(), o.resource_version.clone())).collect();
+                }
+                event::Event::Upsert(c) => {
+                    let o = c.object.as_ref().unwrap();
+                    latest.insert(o.name.clone(), o.resource_version.clone());
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert!(snapshots >= 1, "the slow subscriber was given the current state");
+        assert!(received < ROUNDS * 10 / 4, "{received} events for {} changes: not coalesced", ROUNDS * 10);
+    }
+}
