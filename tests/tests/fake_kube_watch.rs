@@ -296,6 +296,33 @@ async fn bookmarks_carry_the_current_resource_version_and_only_come_when_allowed
 }
 
 #[tokio::test]
+async fn a_streaming_list_ends_its_initial_state_with_an_annotated_bookmark() {
+    let fake = FakeKube::start().await;
+    let http = Http::new(&fake);
+    for kind in KINDS {
+        kind.put(&fake, "team", "a", &[]);
+        let path = kind.path(Some("team"));
+        let streaming = "watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true";
+        let mut watch = http.watch(&format!("{path}?{streaming}")).await;
+        assert_eq!(summary(&watch.next().await.unwrap()), typed("ADDED", "a"));
+        let end = watch.next().await.unwrap();
+        assert_eq!(end["type"], "BOOKMARK", "{end}");
+        assert_eq!(end["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"], "true");
+        assert_eq!(rv_of(&end["object"]), fake.resource_version());
+        kind.put(&fake, "team", "b", &[]);
+        assert_eq!(summary(&watch.change().await), typed("ADDED", "b"));
+
+        let (code, status) = http.get(&format!("{path}?watch=true&sendInitialEvents=true")).await;
+        assert_eq!((code, status["reason"].as_str()), (422, Some("Invalid")), "{status}");
+        assert_eq!(
+            status["message"],
+            "ListOptions.meta.k8s.io \"\" is invalid: resourceVersionMatch: Forbidden: sendInitialEvents requires \
+             setting resourceVersionMatch to NotOlderThan"
+        );
+    }
+}
+
+#[tokio::test]
 async fn timeout_seconds_ends_the_watch_cleanly_after_a_last_bookmark() {
     let fake = FakeKube::start().await;
     // Periodic bookmarks out of the way: the one before the timeout still comes.
