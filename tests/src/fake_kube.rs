@@ -3,9 +3,12 @@
 //! for every other kind (module `store`: namespaces, configmaps, secrets, services,
 //! serviceaccounts, leases, CRDs and their custom resources, with server-side apply, dry runs and
 //! deletion as the real one; the shared write machinery in `patch`), apps/v1 Deployments in that
-//! store with a deployment controller the test drives (module `apps`), and the OpenAPI kubectl
-//! reads (module `openapi`). It records every request (so tests can check what agentk sent) and
-//! requires the service-account bearer token it was created with, as a real API server would.
+//! store with a deployment controller the test drives (module `apps`), v1 Nodes (module
+//! `nodes`), and the OpenAPI kubectl reads (module `openapi`). Pods and the store's kinds are
+//! listed and watched alike, as the real API server does it (modules `list` and `watch`, over
+//! the bounded change history of module `history`). It records every request (so tests can
+//! check what agentk sent) and requires the service-account bearer token it was created with,
+//! as a real API server would.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -27,10 +30,14 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 mod apps;
 mod errors;
+mod history;
+mod list;
+mod nodes;
 mod openapi;
 mod patch;
 mod selector;
 mod store;
+mod watch;
 
 /// A request as the fake API server received it.
 #[derive(Debug, Clone)]
@@ -128,15 +135,23 @@ struct Inner {
     broken_logs: BTreeMap<(String, String), u64>,
     /// Live log followers (cancelled when the client goes away).
     log_followers: usize,
-    /// Every watch event, so a watch from a resourceVersion replays what it missed (as the API
-    /// server does: kubectl lists, then watches from the list's resourceVersion).
-    history: Vec<Value>,
+    /// Every change (bounded), so a watch from a resourceVersion replays what it missed (as the
+    /// API server does: kubectl lists, then watches from the list's resourceVersion), and the
+    /// open watches' queues.
+    history: history::History,
+    /// How often a watch gets a bookmark (None: [`watch::DEFAULT_BOOKMARK_INTERVAL`]).
+    bookmark_interval: Option<std::time::Duration>,
+    /// Cancelled to end the open watches ([`FakeKube::end_watches`]); a child of `Shared::stop`.
+    watch_cut: CancellationToken,
 }
 
 /// What the server task shares with the handle.
 struct Shared {
     inner: Mutex<Inner>,
-    events: broadcast::Sender<Value>,
+    /// Cancelled when the server stops (the last handle is dropped): open watches end.
+    stop: CancellationToken,
+    /// Whether watch requests wait before reading anything ([`FakeKube::hold_watches`]).
+    watches_held: tokio::sync::watch::Sender<bool>,
     /// (namespace, pod, line) appended to a log
     log_lines: broadcast::Sender<(String, String, String)>,
     token: String,
@@ -164,11 +179,11 @@ fn status(code: StatusCode, reason: &str, message: &str) -> Response {
     (code, [("content-type", "application/json")], body.to_string()).into_response()
 }
 
-fn pod_object(namespace: &str, name: &str, rv: u64) -> Value {
+fn pod_object(namespace: &str, name: &str) -> Value {
     json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {
-            "name": name, "namespace": namespace, "resourceVersion": rv.to_string(),
+            "name": name, "namespace": namespace,
             "uid": format!("uid-{namespace}-{name}"), "creationTimestamp": "2026-01-01T00:00:00Z",
         },
         "spec": {"containers": [{"name": "main", "image": "busybox"}]},
@@ -176,20 +191,38 @@ fn pod_object(namespace: &str, name: &str, rv: u64) -> Value {
     })
 }
 
+/// The fields a pod can be selected on besides its name and namespace (`PodToSelectableFields`).
+const POD_FIELDS: &[&str] = &[
+    "spec.nodeName",
+    "spec.restartPolicy",
+    "spec.schedulerName",
+    "spec.serviceAccountName",
+    "spec.hostNetwork",
+    "status.phase",
+    "status.podIP",
+    "status.nominatedNodeName",
+];
+
+/// A store key for a pod (the fake keeps pods apart, but they change and are watched alike).
+fn pod_key(namespace: &str, name: &str) -> store::Key {
+    (String::new(), "pods".to_owned(), namespace.to_owned(), name.to_owned())
+}
+
 impl FakeKube {
     /// Starts the server on an ephemeral loopback port.
     pub async fn start() -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind fake kube");
         let addr = listener.local_addr().expect("addr");
+        let shutdown = CancellationToken::new();
         let shared = Arc::new(Shared {
-            inner: Mutex::default(),
-            events: broadcast::channel(1024).0,
+            inner: Mutex::new(Inner { watch_cut: shutdown.child_token(), ..Inner::default() }),
+            stop: shutdown.clone(),
+            watches_held: tokio::sync::watch::channel(false).0,
             log_lines: broadcast::channel(1024).0,
             token: format!("sa-token-{}", rand_suffix()),
             containers: Arc::default(),
             port_forwards: Arc::default(),
         });
-        let shutdown = CancellationToken::new();
         let app = Router::new()
             .route("/version", get(version))
             .route("/api", get(api_versions))
@@ -237,22 +270,40 @@ impl FakeKube {
         )
     }
 
+    /// Creates (or replaces) a running pod.
     pub fn add_pod(&self, namespace: &str, name: &str) {
-        let mut inner = self.lock();
-        inner.resource_version += 1;
-        let obj = pod_object(namespace, name, inner.resource_version);
-        inner.pods.insert((namespace.to_owned(), name.to_owned()), obj.clone());
-        drop(inner);
-        self.shared.publish(json!({"type": "ADDED", "object": obj}));
+        self.lock().write_pod(namespace, name, pod_object(namespace, name));
     }
 
-    pub fn delete_pod(&self, namespace: &str, name: &str) {
+    /// Creates or updates a pod with a status: `phase` (`Pending`, `Running`, `Succeeded`,
+    /// `Failed`), a `Ready` condition and its container's readiness, and exactly these labels
+    /// (the rest of an existing pod stays). Returns the stored pod.
+    pub fn put_pod(&self, namespace: &str, name: &str, phase: &str, ready: bool, labels: &[(&str, &str)]) -> Value {
         let mut inner = self.lock();
-        inner.resource_version += 1;
-        if let Some(obj) = inner.pods.remove(&(namespace.to_owned(), name.to_owned())) {
-            drop(inner);
-            self.shared.publish(json!({"type": "DELETED", "object": obj}));
-        }
+        let mut pod = inner.pods.get(&(namespace.to_owned(), name.to_owned())).cloned().unwrap_or_else(|| {
+            let mut pod = pod_object(namespace, name);
+            pod["metadata"]["creationTimestamp"] = json!(patch::now());
+            pod
+        });
+        let labels: serde_json::Map<String, Value> = labels.iter().map(|(k, v)| ((*k).to_owned(), json!(v))).collect();
+        pod["metadata"]["labels"] = Value::Object(labels);
+        let status = if ready { "True" } else { "False" };
+        let container = pod["spec"]["containers"][0]["name"].as_str().unwrap_or("main").to_owned();
+        let at = patch::now();
+        pod["status"] = json!({
+            "phase": phase,
+            "conditions": [
+                {"type": "Ready", "status": status, "lastProbeTime": null, "lastTransitionTime": at},
+                {"type": "ContainersReady", "status": status, "lastProbeTime": null, "lastTransitionTime": at},
+            ],
+            "containerStatuses": [{"name": container, "ready": ready, "restartCount": 0, "image": "busybox"}],
+        });
+        inner.write_pod(namespace, name, pod)
+    }
+
+    /// Deletes a pod (a DELETED event with a new resourceVersion). False if there was none.
+    pub fn delete_pod(&self, namespace: &str, name: &str) -> bool {
+        self.lock().remove_pod(namespace, name).is_some()
     }
 
     /// (namespace, name) of every pod, sorted.
@@ -321,40 +372,32 @@ impl FakeKube {
 }
 
 impl Inner {
-    /// Records a watch event and sends it, under the lock, so a watch's replay and its live
-    /// events never miss or repeat one.
-    fn publish(&mut self, events: &broadcast::Sender<Value>, event: Value) {
-        self.history.push(event.clone());
-        let _ = events.send(event);
+    /// Stores a pod with a new resourceVersion and records the change (in one lock, so watches
+    /// see changes in resourceVersion order).
+    fn write_pod(&mut self, ns: &str, name: &str, mut pod: Value) -> Value {
+        self.resource_version += 1;
+        pod["metadata"]["resourceVersion"] = json!(self.resource_version.to_string());
+        let prev = self.pods.insert((ns.to_owned(), name.to_owned()), pod.clone());
+        let kind = if prev.is_some() { history::ChangeKind::Modified } else { history::ChangeKind::Added };
+        self.record(kind, pod_key(ns, name), &pod, prev);
+        pod
     }
-}
 
-fn event_rv(ev: &Value) -> u64 {
-    ev["object"]["metadata"]["resourceVersion"].as_str().and_then(|s| s.parse().ok()).unwrap_or(0)
+    /// Removes a pod: the deletion gets a new resourceVersion, which the DELETED event's object
+    /// (and the answer) carry.
+    fn remove_pod(&mut self, ns: &str, name: &str) -> Option<Value> {
+        let prev = self.pods.remove(&(ns.to_owned(), name.to_owned()))?;
+        self.resource_version += 1;
+        let mut gone = prev.clone();
+        gone["metadata"]["resourceVersion"] = json!(self.resource_version.to_string());
+        self.record(history::ChangeKind::Deleted, pod_key(ns, name), &gone, Some(prev));
+        Some(gone)
+    }
 }
 
 impl Shared {
-    fn publish(&self, event: Value) {
-        self.lock().publish(&self.events, event);
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn pod_list(&self, namespace: Option<&str>) -> Value {
-        let inner = self.lock();
-        let items: Vec<Value> = inner
-            .pods
-            .iter()
-            .filter(|((ns, _), _)| namespace.is_none_or(|n| n == ns))
-            .map(|(_, v)| v.clone())
-            .collect();
-        json!({
-            "apiVersion": "v1", "kind": "PodList",
-            "metadata": {"resourceVersion": inner.resource_version.to_string()},
-            "items": items,
-        })
     }
 }
 
@@ -443,14 +486,8 @@ async fn api_resources(State(fake): St) -> impl IntoResponse {
     axum::Json(json!({"kind": "APIResourceList", "groupVersion": "v1", "resources": resources}))
 }
 
-/// The resourceVersion a watch starts after; without one, only new events (what the fake has
-/// instead of the API server's "start at the most recent").
-fn since(q: &std::collections::HashMap<String, String>) -> u64 {
-    q.get("resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(u64::MAX)
-}
-
 fn is_watch(q: &std::collections::HashMap<String, String>) -> bool {
-    q.get("watch").is_some_and(|v| v == "1" || v == "true")
+    q.get("watch").and_then(|v| watch::flag(v)).unwrap_or(false)
 }
 
 /// Whether the client asked for server-side printing (`Accept: ...;as=Table;...`), as kubectl does.
@@ -496,41 +533,54 @@ fn pod_table(pods: &[Value], resource_version: &str) -> Value {
         ("Restarts", "integer", ""),
         ("Age", "string", ""),
     ];
+    // Ready containers of all, from the container statuses where the pod has them.
+    let ready = |p: &Value| match p["status"]["containerStatuses"].as_array() {
+        Some(statuses) => {
+            let ready = statuses.iter().filter(|s| s["ready"] == true).count();
+            let all = p["spec"]["containers"].as_array().map_or(statuses.len(), Vec::len);
+            format!("{ready}/{all}")
+        }
+        None => "1/1".to_owned(),
+    };
     table(
         &columns,
         pods,
-        |p| json!([p["metadata"]["name"], "1/1", p["status"]["phase"].as_str().unwrap_or("Running"), 0, "1d"]),
+        |p| json!([p["metadata"]["name"], ready(p), p["status"]["phase"].as_str().unwrap_or("Running"), 0, "1d"]),
         resource_version,
     )
 }
 
-fn list_response(fake: &Shared, namespace: Option<&str>, headers: &HeaderMap) -> Response {
-    let list = fake.pod_list(namespace);
-    if wants_table(headers) {
-        let rv = list["metadata"]["resourceVersion"].as_str().unwrap_or_default().to_owned();
-        let items = list["items"].as_array().cloned().unwrap_or_default();
-        return axum::Json(pod_table(&items, &rv)).into_response();
-    }
-    axum::Json(list).into_response()
+/// How pods are listed and watched, in one namespace or all.
+fn pod_view(
+    namespace: Option<String>,
+    q: &std::collections::HashMap<String, String>,
+) -> Result<watch::View, patch::Refusal> {
+    let selector = selector::Selector::from_query(q, "/v1, Resource=pods", true, POD_FIELDS)?;
+    Ok(watch::View {
+        target: history::Target { group: String::new(), resource: "pods".into(), namespace },
+        api_version: "v1".into(),
+        kind: "Pod".into(),
+        typed: true,
+        selector,
+        printer: Box::new(pod_table),
+    })
 }
 
 /// A watch of pods (all namespaces, or one), else their list.
-fn list_or_watch_pods(
+async fn list_or_watch_pods(
     fake: Arc<Shared>,
     namespace: Option<String>,
     q: &std::collections::HashMap<String, String>,
     headers: &HeaderMap,
 ) -> Response {
-    if !is_watch(q) {
-        return list_response(&fake, namespace.as_deref(), headers);
-    }
-    let selector = match selector::Selector::from_query(q, "/v1, Resource=pods") {
-        Ok(s) => s,
+    let view = match pod_view(namespace, q) {
+        Ok(view) => view,
         Err(response) => return *response,
     };
-    let filter =
-        WatchFilter { group: String::new(), kind: "Pod".into(), namespace, selector, printer: Box::new(pod_table) };
-    watch(fake, filter, wants_table(headers), since(q))
+    if is_watch(q) {
+        return watch::serve(fake, view, q, headers).await;
+    }
+    list::serve(&fake, &view, q, headers)
 }
 
 async fn list_all_pods(
@@ -538,7 +588,7 @@ async fn list_all_pods(
     headers: HeaderMap,
     Query(q): Query<std::collections::HashMap<String, String>>,
 ) -> Response {
-    list_or_watch_pods(fake, None, &q, &headers)
+    list_or_watch_pods(fake, None, &q, &headers).await
 }
 
 async fn list_namespaced_pods(
@@ -547,7 +597,7 @@ async fn list_namespaced_pods(
     Path(ns): Path<String>,
     Query(q): Query<std::collections::HashMap<String, String>>,
 ) -> Response {
-    list_or_watch_pods(fake, Some(ns), &q, &headers)
+    list_or_watch_pods(fake, Some(ns), &q, &headers).await
 }
 
 async fn get_pod(State(fake): St, headers: HeaderMap, Path((ns, name)): Path<(String, String)>) -> Response {
@@ -562,67 +612,13 @@ async fn get_pod(State(fake): St, headers: HeaderMap, Path((ns, name)): Path<(St
     }
 }
 
-/// Which events a watch gets: one kind (group and kind), optionally one namespace, the
-/// selectors; and how a Table shows its objects.
-struct WatchFilter {
-    group: String,
-    kind: String,
-    namespace: Option<String>,
-    selector: selector::Selector,
-    printer: Printer,
-}
-
-/// Prints objects as a Table (with the list's resourceVersion).
-type Printer = Box<dyn Fn(&[Value], &str) -> Value + Send + Sync>;
-
-/// Streams watch events (one JSON object per line) until the client goes away. With `table`,
-/// each event's object is a one-row Table, as the API server sends to kubectl.
-fn watch(fake: Arc<Shared>, filter: WatchFilter, table: bool, since: u64) -> Response {
-    let filter = Arc::new(filter);
-    let (replay, live) = {
-        let inner = fake.lock();
-        let replay: Vec<Value> = inner.history.iter().filter(|ev| event_rv(ev) > since).cloned().collect();
-        (replay, fake.events.subscribe())
-    };
-    let live = BroadcastStream::new(live).filter_map(|ev| async move { ev.ok() });
-    let events = futures::stream::iter(replay).chain(live).filter_map(move |ev| {
-        let filter = filter.clone();
-        async move {
-            let mut ev = ev;
-            let object = &ev["object"];
-            let ns = object["metadata"]["namespace"].as_str().unwrap_or_default();
-            let api_version = object["apiVersion"].as_str().unwrap_or_default();
-            let group = api_version.rsplit_once('/').map_or("", |(g, _)| g);
-            if object["kind"] != filter.kind.as_str()
-                || group != filter.group
-                || filter.namespace.as_ref().is_some_and(|n| n != ns)
-                || !filter.selector.matches(object)
-            {
-                return None;
-            }
-            if table {
-                let rv = object["metadata"]["resourceVersion"].as_str().unwrap_or_default().to_owned();
-                ev["object"] = (filter.printer)(std::slice::from_ref(object), &rv);
-            }
-            Some(Ok::<_, Infallible>(Bytes::from(format!("{ev}\n"))))
-        }
-    });
-    Response::builder()
-        .header("content-type", "application/json")
-        .body(Body::from_stream(events))
-        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
-}
-
 fn record_body(fake: &Shared, method: &str, path: String, headers: &HeaderMap, body: &Bytes) {
     let content_type = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
     fake.lock().bodies.push(RecordedBody { method: method.to_owned(), path, content_type, body: body.clone() });
 }
 
 /// Stores a pod object as the API server would: namespace, name, resourceVersion, uid filled in.
-fn store_pod(fake: &Shared, ns: &str, name: &str, mut obj: Value, event: &str) -> Value {
-    let mut inner = fake.lock();
-    inner.resource_version += 1;
-    let rv = inner.resource_version;
+fn store_pod(fake: &Shared, ns: &str, name: &str, mut obj: Value) -> Value {
     if !obj.is_object() {
         obj = json!({});
     }
@@ -634,7 +630,6 @@ fn store_pod(fake: &Shared, ns: &str, name: &str, mut obj: Value, event: &str) -
     }
     meta["name"] = json!(name);
     meta["namespace"] = json!(ns);
-    meta["resourceVersion"] = json!(rv.to_string());
     meta["uid"] = json!(format!("uid-{ns}-{name}"));
     if meta.get("creationTimestamp").is_none_or(Value::is_null) {
         meta["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
@@ -642,10 +637,7 @@ fn store_pod(fake: &Shared, ns: &str, name: &str, mut obj: Value, event: &str) -
     if obj.get("status").is_none() {
         obj["status"] = json!({"phase": "Pending"});
     }
-    inner.pods.insert((ns.to_owned(), name.to_owned()), obj.clone());
-    drop(inner);
-    fake.publish(json!({"type": event, "object": obj}));
-    obj
+    fake.lock().write_pod(ns, name, obj)
 }
 
 async fn create_pod(State(fake): St, Path(ns): Path<String>, headers: HeaderMap, body: Bytes) -> Response {
@@ -659,7 +651,7 @@ async fn create_pod(State(fake): St, Path(ns): Path<String>, headers: HeaderMap,
     if fake.lock().pods.contains_key(&(ns.clone(), name.clone())) {
         return status(StatusCode::CONFLICT, "AlreadyExists", &format!("pods \"{name}\" already exists"));
     }
-    (StatusCode::CREATED, axum::Json(store_pod(&fake, &ns, &name, obj, "ADDED"))).into_response()
+    (StatusCode::CREATED, axum::Json(store_pod(&fake, &ns, &name, obj))).into_response()
 }
 
 /// RFC 7386 merge (what merge-patch and, for the fields tests use, strategic-merge-patch do):
@@ -693,7 +685,7 @@ async fn patch_pod(
         return status(StatusCode::BAD_REQUEST, "BadRequest", "the patch is not JSON");
     };
     merge(&mut obj, &patch);
-    axum::Json(store_pod(&fake, &ns, &name, obj, "MODIFIED")).into_response()
+    axum::Json(store_pod(&fake, &ns, &name, obj)).into_response()
 }
 
 async fn put_pod(
@@ -706,16 +698,13 @@ async fn put_pod(
     let Ok(obj) = serde_json::from_slice::<Value>(&body) else {
         return status(StatusCode::BAD_REQUEST, "BadRequest", "the body is not JSON");
     };
-    axum::Json(store_pod(&fake, &ns, &name, obj, "MODIFIED")).into_response()
+    axum::Json(store_pod(&fake, &ns, &name, obj)).into_response()
 }
 
 async fn delete_pod(State(fake): St, Path((ns, name)): Path<(String, String)>) -> Response {
-    let removed = fake.lock().pods.remove(&(ns.clone(), name.clone()));
+    let removed = fake.lock().remove_pod(&ns, &name);
     match removed {
-        Some(obj) => {
-            fake.publish(json!({"type": "DELETED", "object": obj}));
-            axum::Json(obj).into_response()
-        }
+        Some(obj) => axum::Json(obj).into_response(),
         None => status(StatusCode::NOT_FOUND, "NotFound", &format!("pods \"{name}\" not found")),
     }
 }

@@ -191,3 +191,60 @@ fn template_hash(spec: &Value) -> String {
     let digest = sha2::Sha256::digest(spec["template"].to_string().as_bytes());
     hex::encode(&digest[..5])
 }
+
+impl FakeKube {
+    /// Creates or updates a Deployment (`spec.replicas`, exactly these labels; a new one selects
+    /// and templates pods labelled `app: <name>`), then writes its status as the deployment
+    /// controller would once `ready_replicas` of them are ready (fields that are zero left out,
+    /// as the real status omits them). Returns the stored Deployment.
+    pub fn put_deployment(
+        &self,
+        namespace: &str,
+        name: &str,
+        replicas: i64,
+        ready_replicas: i64,
+        labels: &[(&str, &str)],
+    ) -> Option<Value> {
+        let mut deployment = self.deployment(namespace, name).unwrap_or_else(|| {
+            json!({
+                "apiVersion": "apps/v1", "kind": "Deployment",
+                "spec": {
+                    "selector": {"matchLabels": {"app": name}},
+                    "template": {
+                        "metadata": {"labels": {"app": name}},
+                        "spec": {"containers": [{"name": "main", "image": "busybox"}]},
+                    },
+                },
+            })
+        });
+        deployment["metadata"]["name"] = json!(name);
+        deployment["metadata"]["namespace"] = json!(namespace);
+        deployment["metadata"]["labels"] =
+            Value::Object(labels.iter().map(|(k, v)| ((*k).to_owned(), json!(v))).collect());
+        deployment["spec"]["replicas"] = json!(replicas);
+        let mut deployment = self.put_object("apps/v1/deployments", deployment)?;
+        let at = now();
+        let available = ready_replicas > 0 && ready_replicas >= replicas;
+        let mut status = json!({
+            "observedGeneration": deployment["metadata"]["generation"],
+            "replicas": replicas, "updatedReplicas": replicas, "readyReplicas": ready_replicas,
+            "availableReplicas": ready_replicas, "unavailableReplicas": replicas - ready_replicas,
+            "conditions": [if available {
+                condition("Available", "True", "MinimumReplicasAvailable", "Deployment has minimum availability.", &at)
+            } else {
+                condition("Available", "False", "MinimumReplicasUnavailable", "Deployment does not have minimum availability.", &at)
+            }],
+        });
+        if let Some(fields) = status.as_object_mut() {
+            fields.retain(|_, v| v.as_i64().is_none_or(|n| n > 0));
+        }
+        deployment["status"] = status;
+        self.write_status("apps/v1/deployments", deployment, "kube-controller-manager");
+        self.deployment(namespace, name)
+    }
+
+    /// Deletes a Deployment. False if there was none.
+    pub fn delete_deployment(&self, namespace: &str, name: &str) -> bool {
+        self.delete_object("apps/v1/deployments", namespace, name)
+    }
+}

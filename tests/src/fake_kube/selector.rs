@@ -1,6 +1,9 @@
 //! List and watch selectors: `labelSelector` (k8s.io/apimachinery `labels.Parse`: `a=b`, `a==b`,
-//! `a!=b`, `a in (x,y)`, `a notin (x,y)`, `a`, `!a`) and `fieldSelector` on `metadata.name` and
-//! `metadata.namespace` (what the API server supports for every kind).
+//! `a!=b`, `a in (x,y)`, `a notin (x,y)`, `a`, `!a`) and `fieldSelector` on `metadata.name`,
+//! `metadata.namespace` for a namespaced kind (what the API server supports for every kind), and
+//! the fields a kind adds (its registry's `ToSelectableFields`: pods' `status.phase`,
+//! `spec.nodeName` and others, nodes' `spec.unschedulable`, secrets' `type`, namespaces'
+//! `status.phase`).
 
 use std::collections::HashMap;
 
@@ -89,9 +92,15 @@ fn requirement(term: &str) -> Option<Requirement> {
 
 impl Selector {
     /// The selectors of a list or watch of `resource` (as the API server prints a
-    /// GroupVersionResource: `apps/v1, Resource=deployments`); a field it cannot select on is a
-    /// 400 as the real one answers.
-    pub(crate) fn from_query(q: &HashMap<String, String>, resource: &str) -> Result<Self, Refusal> {
+    /// GroupVersionResource: `apps/v1, Resource=deployments`), whose objects can be selected on
+    /// `metadata.name`, `metadata.namespace` if `namespaced`, and `selectable`; a field it cannot
+    /// select on is a 400 as the real one answers.
+    pub(crate) fn from_query(
+        q: &HashMap<String, String>,
+        resource: &str,
+        namespaced: bool,
+        selectable: &[&str],
+    ) -> Result<Self, Refusal> {
         let mut selector = Self::default();
         if let Some(labels) = q.get("labelSelector") {
             for term in terms(labels) {
@@ -108,7 +117,10 @@ impl Selector {
                     let (f, v) = term.split_once("==").or_else(|| term.split_once('=')).unwrap_or((term, ""));
                     (f, v, true)
                 };
-                if field != "metadata.name" && field != "metadata.namespace" {
+                let supported = field == "metadata.name"
+                    || (namespaced && field == "metadata.namespace")
+                    || selectable.contains(&field);
+                if !supported {
                     return Err(bad_request(&format!(
                         "Unable to find \"{resource}\" that match label selector \"{}\", field selector \"{fields}\": field label not supported: {field}",
                         q.get("labelSelector").map_or("", String::as_str)
@@ -120,15 +132,15 @@ impl Selector {
         Ok(selector)
     }
 
+    /// Whether it selects everything (no label or field requirement).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.labels.is_empty() && self.fields.is_empty()
+    }
+
     pub(crate) fn matches(&self, object: &Value) -> bool {
         let meta = &object["metadata"];
-        let fields_match = self.fields.iter().all(|(field, value, equal)| {
-            let actual = match field.as_str() {
-                "metadata.name" => meta["name"].as_str(),
-                _ => meta["namespace"].as_str(),
-            };
-            (actual.unwrap_or_default() == value) == *equal
-        });
+        let fields_match =
+            self.fields.iter().all(|(field, value, equal)| (field_value(object, field) == *value) == *equal);
         let labels_match = self.labels.iter().all(|r| {
             let actual = meta["labels"][r.key.as_str()].as_str();
             match r.op {
@@ -140,5 +152,18 @@ impl Selector {
             }
         });
         fields_match && labels_match
+    }
+}
+
+/// A selectable field's value as the registry's `ToSelectableFields` sets it: the string, a
+/// boolean as `true`/`false` (false when unset), an unset string as empty.
+fn field_value(object: &Value, field: &str) -> String {
+    let value = field.split('.').fold(object, |v, part| &v[part]);
+    match value {
+        Value::String(s) => s.clone(),
+        Value::Bool(b) => b.to_string(),
+        Value::Null if matches!(field, "spec.hostNetwork" | "spec.unschedulable") => "false".to_owned(),
+        Value::Null => String::new(),
+        other => other.to_string(),
     }
 }

@@ -1,12 +1,14 @@
 //! The fake's generic object store: every kind but pods, served as the API server serves it.
 //!
-//! Built in: v1 namespaces (cluster-scoped), configmaps, secrets, services, serviceaccounts;
-//! coordination.k8s.io/v1 leases; apiextensions.k8s.io/v1 customresourcedefinitions
-//! (cluster-scoped); apps/v1 deployments (module `apps`). A CRD's served versions are served,
+//! Built in: v1 namespaces and nodes (cluster-scoped; nodes in module `nodes`), configmaps,
+//! secrets, services, serviceaccounts; coordination.k8s.io/v1 leases;
+//! apiextensions.k8s.io/v1 customresourcedefinitions (cluster-scoped); apps/v1 deployments
+//! (module `apps`). A CRD's served versions are served,
 //! namespaced or cluster-scoped as it says, from the moment it is created, and appear in
 //! discovery; deleting the CRD deletes its objects.
 //!
-//! Verbs: get, list and watch (label and field selectors), create, update (optimistic
+//! Verbs: get, list and watch (selectors, pagination, resourceVersions and bookmarks as the real
+//! ones: modules `list` and `watch`), create, update (optimistic
 //! concurrency on `metadata.resourceVersion`), patch (apply, merge, strategic merge as a merge,
 //! JSON patch; see `super::patch`), delete (preconditions, `propagationPolicy`) and
 //! deletecollection, `dryRun=All` on every write, and the `status` subresource where the kind has
@@ -27,17 +29,17 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, MutexGuard};
 
+use super::errors::{GroupResource, OPTIMISTIC_LOCK, details, failure, invalid};
+use super::history::{ChangeKind, Target};
+use super::patch::{self, PatchRequest, Refusal, Updater, now, uid};
+use super::selector::Selector;
+use super::watch::View;
+use super::{FakeKube, Inner, Shared, St};
 use axum::body::Bytes;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
-use tokio::sync::broadcast;
-
-use super::errors::{GroupResource, OPTIMISTIC_LOCK, details, failure, invalid};
-use super::patch::{self, PatchRequest, Refusal, Updater, now, uid};
-use super::selector::Selector;
-use super::{FakeKube, Inner, Shared, St};
 
 /// (group, resource, namespace or "" for cluster-scoped, name)
 pub(super) type Key = (String, String, String, String);
@@ -106,6 +108,9 @@ pub(crate) struct Kind {
     pub table: Option<fn(&[Value], &str) -> Value>,
     /// Subresources discovery lists besides `status` (which `status` stands for), with their verbs.
     pub subresources: &'static [(&'static str, &'static [&'static str])],
+    /// Fields a field selector may name besides `metadata.name` (and `metadata.namespace` for a
+    /// namespaced kind).
+    pub fields: &'static [&'static str],
 }
 
 impl Kind {
@@ -133,6 +138,7 @@ impl Kind {
             validate: |_| Ok(()),
             table: None,
             subresources: &[],
+            fields: &[],
         }
     }
 
@@ -143,6 +149,31 @@ impl Kind {
     /// As the API server prints a GroupVersionResource: `apps/v1, Resource=deployments`.
     fn gvr(&self) -> String {
         format!("{}/{}, Resource={}", self.group, self.version, self.resource)
+    }
+
+    /// Its selectors in a list's or watch's query.
+    fn selector(&self, q: &HashMap<String, String>) -> Result<Selector, Refusal> {
+        Selector::from_query(q, &self.gvr(), self.namespaced, self.fields)
+    }
+
+    /// How it is listed and watched (in namespace `ns`, or all if empty).
+    fn view(&self, ns: &str, q: &HashMap<String, String>) -> Result<View, Refusal> {
+        let printer = {
+            let kind = self.clone();
+            Box::new(move |objects: &[Value], rv: &str| table(&kind, objects, rv))
+        };
+        Ok(View {
+            target: Target {
+                group: self.group.clone(),
+                resource: self.resource.clone(),
+                namespace: (self.namespaced && !ns.is_empty()).then(|| ns.to_owned()),
+            },
+            api_version: self.api_version(),
+            kind: self.kind.clone(),
+            typed: !self.custom,
+            selector: self.selector(q)?,
+            printer,
+        })
     }
 
     fn group_resource(&self) -> GroupResource<'_> {
@@ -176,9 +207,11 @@ fn built_in_kinds() -> Vec<Kind> {
             verbs: NAMESPACE_VERBS,
             status: true,
             prepare: prepare_namespace,
+            fields: &["status.phase"],
             ..Kind::base("", "namespaces", "Namespace", false)
         },
-        Kind { prepare: prepare_secret, ..Kind::base("", "secrets", "Secret", true) },
+        super::nodes::kind(Kind::base("", "nodes", "Node", false)),
+        Kind { prepare: prepare_secret, fields: &["type"], ..Kind::base("", "secrets", "Secret", true) },
         Kind {
             short_names: names(&["sa"]),
             deleted: Deleted::Object,
@@ -399,12 +432,11 @@ fn validate_crd(object: &Value) -> Result<(), Refusal> {
 /// work.
 pub(super) struct Tx<'a> {
     inner: MutexGuard<'a, Inner>,
-    events: &'a broadcast::Sender<Value>,
 }
 
 impl Shared {
     pub(super) fn tx(&self) -> Tx<'_> {
-        Tx { inner: self.lock(), events: &self.events }
+        Tx { inner: self.lock() }
     }
 }
 
@@ -438,10 +470,6 @@ fn owners(object: &Value) -> Vec<String> {
 }
 
 impl Tx<'_> {
-    fn publish(&mut self, kind: &str, object: &Value) {
-        self.inner.publish(self.events, json!({"type": kind, "object": object}));
-    }
-
     /// Every kind served now: the built-in ones and those of the CRDs.
     pub(super) fn kinds(&self) -> Vec<Kind> {
         let mut kinds = built_in_kinds();
@@ -475,21 +503,23 @@ impl Tx<'_> {
     }
 
     /// Stores the object with a new resourceVersion and tells the watchers.
-    fn put(&mut self, key: Key, mut object: Value, event: &str) -> Value {
+    fn put(&mut self, key: Key, mut object: Value) -> Value {
         self.inner.resource_version += 1;
         object["metadata"]["resourceVersion"] = json!(self.inner.resource_version.to_string());
-        self.inner.objects.insert(key, object.clone());
-        self.publish(event, &object);
+        let prev = self.inner.objects.insert(key.clone(), object.clone());
+        let kind = if prev.is_some() { ChangeKind::Modified } else { ChangeKind::Added };
+        self.inner.record(kind, key, &object, prev);
         object
     }
 
     /// Removes the object (the DELETED event carries the deletion's resourceVersion), then the
     /// garbage collector deals with its dependents.
     fn remove(&mut self, key: &Key) -> Option<Value> {
-        let mut object = self.inner.objects.remove(key)?;
+        let prev = self.inner.objects.remove(key)?;
         self.inner.resource_version += 1;
+        let mut object = prev.clone();
         object["metadata"]["resourceVersion"] = json!(self.inner.resource_version.to_string());
-        self.publish("DELETED", &object);
+        self.inner.record(ChangeKind::Deleted, key.clone(), &object, Some(prev));
         self.collect_dependents(meta(&object, "uid"));
         Some(object)
     }
@@ -514,7 +544,7 @@ impl Tx<'_> {
                 m.remove("ownerReferences");
             }
         }
-        self.put(key, dependent, "MODIFIED");
+        self.put(key, dependent);
     }
 
     /// The garbage collector for an owner that is gone: a dependent with no other owner left is
@@ -548,7 +578,7 @@ impl Tx<'_> {
             return None;
         }
         let marked = mark_for_deletion(key, &live, &pending);
-        let mut object = self.put(key.clone(), marked.clone(), "MODIFIED");
+        let mut object = self.put(key.clone(), marked.clone());
         let uid = meta(&live, "uid").to_owned();
         let mut left = Vec::new();
         for finalizer in pending {
@@ -576,7 +606,7 @@ impl Tx<'_> {
             if key.1 == "namespaces" {
                 object["spec"]["finalizers"] = json!([]);
             }
-            self.put(key.clone(), object, "MODIFIED");
+            self.put(key.clone(), object);
         }
         Some(marked)
     }
@@ -598,12 +628,8 @@ impl Tx<'_> {
             self.delete_now(&key, Policy::Background);
         }
         let pods: Vec<(String, String)> = self.inner.pods.keys().filter(|(n, _)| n == ns).cloned().collect();
-        for pod in pods {
-            if let Some(mut object) = self.inner.pods.remove(&pod) {
-                self.inner.resource_version += 1;
-                object["metadata"]["resourceVersion"] = json!(self.inner.resource_version.to_string());
-                self.publish("DELETED", &object);
-            }
+        for (pod_ns, pod) in pods {
+            self.inner.remove_pod(&pod_ns, &pod);
         }
     }
 }
@@ -804,7 +830,7 @@ fn commit(
         tx.inner.objects.insert(key.clone(), new);
         return tx.remove(&key).ok_or_else(|| Box::new(kind.group_resource().not_found(w.name)));
     }
-    Ok(tx.put(key, new, if old.is_some() { "MODIFIED" } else { "ADDED" }))
+    Ok(tx.put(key, new))
 }
 
 /// A POST or PUT body: JSON or YAML (the fake reads no protobuf, which typed Go clients such as
@@ -868,38 +894,9 @@ impl Call<'_> {
 
     /// The objects the URL's namespace (if any) and the query's selectors pick.
     fn selected(&self, tx: &Tx) -> Result<Vec<(Key, Value)>, Refusal> {
-        let selector = Selector::from_query(self.q, &self.kind.gvr())?;
+        let selector = self.kind.selector(self.q)?;
         let ns = (!self.ns.is_empty()).then_some(self.ns);
         Ok(tx.objects_of(self.kind, ns).filter(|(_, o)| selector.matches(o)).collect())
-    }
-
-    fn list(&self, tx: &Tx) -> Result<Response, Refusal> {
-        let kind = self.kind;
-        let items: Vec<Value> = self.selected(tx)?.into_iter().map(|(_, o)| kind.present(o)).collect();
-        let rv = tx.inner.resource_version.to_string();
-        if super::wants_table(self.headers) {
-            return Ok(axum::Json(table(kind, &items, &rv)).into_response());
-        }
-        let items: Vec<Value> = if kind.custom {
-            items
-        } else {
-            // Typed lists' items carry no apiVersion and kind.
-            items
-                .into_iter()
-                .map(|mut o| {
-                    if let Some(m) = o.as_object_mut() {
-                        m.remove("apiVersion");
-                        m.remove("kind");
-                    }
-                    o
-                })
-                .collect()
-        };
-        Ok(axum::Json(json!({
-            "kind": format!("{}List", kind.kind), "apiVersion": kind.api_version(),
-            "metadata": {"resourceVersion": rv}, "items": items,
-        }))
-        .into_response())
     }
 
     fn create(&self, tx: &mut Tx, body: &Bytes) -> Result<Response, Refusal> {
@@ -1233,26 +1230,18 @@ pub(super) async fn serve(
         Some(_) => return no_such_resource(),
     };
     let call = Call { kind: &kind, ns, q: &q, headers: &headers };
-    if method == Method::GET && name.is_none() && super::is_watch(&q) {
-        let selector = match Selector::from_query(&q, &kind.gvr()) {
-            Ok(s) => s,
+    if method == Method::GET && name.is_none() {
+        let view = match kind.view(ns, &q) {
+            Ok(view) => view,
             Err(response) => return *response,
         };
-        let filter = super::WatchFilter {
-            group: kind.group.clone(),
-            kind: kind.kind.clone(),
-            namespace: (!ns.is_empty()).then(|| ns.to_owned()),
-            selector,
-            printer: {
-                let kind = kind.clone();
-                Box::new(move |objects, rv| table(&kind, objects, rv))
-            },
-        };
-        return super::watch(fake, filter, super::wants_table(&headers), super::since(&q));
+        if super::is_watch(&q) {
+            return super::watch::serve(fake, view, &q, &headers).await;
+        }
+        return super::list::serve(&fake, &view, &q, &headers);
     }
     let mut tx = fake.tx();
     let result = match (&method, name) {
-        (&Method::GET, None) => call.list(&tx),
         (&Method::POST, None) if namespaced_path || !kind.namespaced => call.create(&mut tx, &body),
         (&Method::DELETE, None) if kind.verbs.contains(&"deletecollection") => {
             call.delete_options(&body).and_then(|options| call.delete_collection(&mut tx, &options))
@@ -1518,6 +1507,34 @@ impl FakeKube {
     /// Creates a namespace (as `kubectl create namespace` would), if it is not there yet.
     pub fn add_namespace(&self, name: &str) {
         add_namespace(&self.shared, name);
+    }
+
+    /// Creates or updates an object of `resource` (as in [`FakeKube::object`]) as a client's
+    /// create or update would (whatever `metadata.resourceVersion` it carries; the status stays
+    /// where the kind has a status subresource). Returns the stored object, or None if there is
+    /// no such resource or the object is refused (e.g. invalid, or its namespace is missing).
+    pub fn put_object(&self, resource: &str, object: Value) -> Option<Value> {
+        let (group, version, plural) = parse_resource(resource);
+        let mut tx = self.shared.tx();
+        let kind = tx.kind(group, version, plural)?;
+        let (ns, name) = (meta(&object, "namespace").to_owned(), meta(&object, "name").to_owned());
+        let w = Write { kind: &kind, ns: &ns, name: &name, part: Part::Main, dry_run: false };
+        let old = tx.get(&w.key());
+        let api_version = kind.api_version();
+        let updater = w.updater("e2e-test", &api_version);
+        commit(&mut tx, &w, old.as_ref(), object, Some(&updater)).ok().map(|o| kind.present(o))
+    }
+
+    /// Deletes an object of `resource` as a DELETE with background propagation would (finalizers
+    /// still hold it). False if there was none.
+    pub fn delete_object(&self, resource: &str, namespace: &str, name: &str) -> bool {
+        let (group, version, plural) = parse_resource(resource);
+        let mut tx = self.shared.tx();
+        let Some(kind) = tx.kind(group, version, plural) else { return false };
+        let key = kind.key(namespace, name);
+        let exists = tx.get(&key).is_some();
+        tx.delete_now(&key, Policy::Background);
+        exists
     }
 
     /// A controller's write to an object's status subresource (the object as it wants it).
