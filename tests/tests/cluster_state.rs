@@ -333,3 +333,112 @@ async fn restarts_of_agentk_and_of_its_kas_show_staleness_then_a_consistent_stat
     let mut resumed = Subscriber::open(&c, 0, 1, Some(&d.id)).await;
     assert_eq!(resumed.next().await.describe(), "snapshot pods/c,pods/d");
 }
+
+/// Reads from a raw socket until `done` says the text so far is enough.
+async fn read_until(stream: &mut tokio::net::TcpStream, text: &mut String, done: impl Fn(&str) -> bool) {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 4096];
+    let read = async {
+        while !done(text) {
+            let n = stream.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the event stream ended");
+            text.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), read).await.expect("read in time");
+}
+
+/// A subscriber that stops reading while thousands of changes happen is not sent a backlog when
+/// it reads again: kas held a bounded amount for it and catches it up with a snapshot of the
+/// current state, then changes.
+#[tokio::test]
+async fn a_subscriber_that_stops_reading_is_caught_up_with_a_snapshot_not_a_backlog() {
+    use tokio::io::AsyncWriteExt;
+    const PODS: usize = 500;
+    const GENERATIONS: usize = 8;
+    let config_repo = GitRepo::new();
+    config_repo.commit(CONFIG_PATH, PODS_ONLY.as_bytes());
+    let c = cluster(&config_repo).await;
+    for i in 0..PODS {
+        c.kube.put_pod("apps", &format!("p{i}"), "Running", true, &[("gen", "0")]);
+    }
+    let _agentk = start_agentk(&c, &[0], "agentk-0").await;
+    eventually!(
+        get(&c, 1, "/api/v1/agents/1/cluster_state").await.1["resources"][0]["count"] == PODS,
+        "the pods listed"
+    );
+
+    // A client with a tiny receive window (as tests/src/slow_client.rs) on kas 1, the kas that
+    // does not hold the state: the backlog would pile up in kas 0's relay or kas 1.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stream = socket.connect(c.kas[1].addresses.rest).await.unwrap();
+    let request = format!(
+        "GET /api/v1/agents/1/events HTTP/1.1\r\nHost: kas\r\nAuthorization: Bearer {}\r\n\r\n",
+        c.gitlab_jwt()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut text = String::new();
+    read_until(&mut stream, &mut text, |t| t.contains("event: snapshot")).await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{}", &text[..text.len().min(200)]);
+
+    // It stops reading; every pod changes GENERATIONS times.
+    for generation in 1..=GENERATIONS {
+        for i in 0..PODS {
+            c.kube.put_pod("apps", &format!("p{i}"), "Running", true, &[("gen", &generation.to_string())]);
+        }
+    }
+    let last = GENERATIONS.to_string();
+    eventually!(
+        {
+            let (_, b) = get(&c, 1, "/api/v1/agents/1/cluster_state/pods").await;
+            b["objects"].as_array().is_some_and(|o| o.iter().all(|o| o["labels"]["gen"] == last.as_str()))
+        },
+        "kas has the last generation"
+    );
+
+    // It reads again: until every pod is at the last generation, as its events say.
+    let mut state: std::collections::BTreeMap<String, String> = Default::default();
+    let mut events = 0usize;
+    let mut snapshots = 0usize;
+    let mut consumed = 0usize;
+    let all_current =
+        |state: &std::collections::BTreeMap<String, String>| state.len() == PODS && state.values().all(|g| *g == last);
+    while !all_current(&state) {
+        read_until(&mut stream, &mut text, |t| t[consumed..].contains("\n\n")).await;
+        while let Some(end) = text[consumed..].find("\n\n") {
+            let raw = text[consumed..consumed + end].to_owned();
+            consumed += end + 2;
+            let event = raw.lines().find_map(|l| l.strip_prefix("event: ")).unwrap_or_default().to_owned();
+            // HTTP/1.1 chunked framing lines sit between events: only `data:` lines are JSON.
+            let Some(data) = raw.lines().find_map(|l| l.strip_prefix("data: ")) else { continue };
+            let data: Value = serde_json::from_str(data).unwrap();
+            events += 1;
+            match event.as_str() {
+                "snapshot" => {
+                    snapshots += 1;
+                    state = data["resources"][0]["objects"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|o| {
+                            (o["name"].as_str().unwrap().to_owned(), o["labels"]["gen"].as_str().unwrap().to_owned())
+                        })
+                        .collect();
+                }
+                "upsert" => {
+                    let o = &data["object"];
+                    state.insert(
+                        o["name"].as_str().unwrap().to_owned(),
+                        o["labels"]["gen"].as_str().unwrap().to_owned(),
+                    );
+                }
+                _ => {}
+            }
+        }
+    }
+    let changes = PODS * GENERATIONS;
+    // The first snapshot is the one read before it stopped (still in `text`).
+    assert!(snapshots >= 2, "caught up with a second snapshot ({snapshots} in all)");
+    assert!(events < changes / 2, "{events} events for {changes} changes: a backlog was kept for the client");
+}

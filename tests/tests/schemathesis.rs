@@ -73,8 +73,21 @@ async fn schemathesis_finds_no_server_errors_or_spec_violations() {
         "schemathesis ({version}, seed {seed}) found problems:\n{stdout}\n{stderr}\n\
          reproduce with SCHEMATHESIS_SEED={seed}"
     );
-    // It really tested the five JSON operations (and only those).
-    assert!(stdout.contains("Tested: 5"), "schemathesis did not test the five JSON operations:\n{stdout}");
-    assert!(stdout.contains("No issues found"), "{stdout}");
+    // It really tested the eight operations outside the Kubernetes API proxy (and only those):
+    // connections, project agents, pods, GitOps status and push events, cluster state summaries,
+    // object views, and the cluster state event stream (404 for agents without cluster state, as
+    // every generated id is).
+    assert!(stdout.contains("Tested: 8"), "schemathesis did not test the eight operations:\n{stdout}");
+    // No failure in any phase. The one warning allowed: the cluster state operations answer 404
+    // for every generated agent id (no agent pushes cluster state here; an open event stream
+    // would never end a request), which schemathesis reports as missing test data.
+    assert!(!stdout.contains("Failures:") && !stdout.contains('\u{274c}'), "{stdout}");
+    if !stdout.contains("No issues found") {
+        let warnings = stdout.split("Warnings:").nth(1).unwrap_or_default();
+        let warnings = warnings.split("Test cases:").next().unwrap_or_default();
+        let unexpected: Vec<&str> =
+            warnings.lines().map(str::trim).filter(|l| !l.is_empty() && !l.contains("Missing test data")).collect();
+        assert!(unexpected.is_empty(), "unexpected schemathesis warnings {unexpected:?}:\n{stdout}");
+    }
     eprintln!("{stdout}");
 }

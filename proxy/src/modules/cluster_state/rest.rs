@@ -299,6 +299,7 @@ async fn cluster_state(
 pub struct ObjectsQuery {
     /// Only objects of this namespace.
     #[serde(default)]
+    #[param(pattern = "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
     pub namespace: Option<String>,
 }
 
@@ -313,7 +314,7 @@ pub struct ObjectsQuery {
     operation_id = "listClusterStateObjects",
     params(
         ("agent_id" = i64, Path, description = "The agent's id", minimum = 1, maximum = 9223372036854775807_i64),
-        ("resource" = String, Path, description = "The resource as kubectl names it: `pods`, `deployments.apps`", example = "pods"),
+        ("resource" = String, Path, description = "The resource as kubectl names it: `pods`, `deployments.apps`", example = "pods", pattern = "^[a-z0-9.-]{1,253}$"),
         ObjectsQuery,
     ),
     security(("bearer" = [])),
