@@ -9,7 +9,9 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kas_e2e::cluster::set_configuration_repository;
-use kas_e2e::{AgentkHandle, Cluster, FakeKube, GitRepo, eventually};
+use kas_e2e::{AgentkHandle, Cluster, FakeKube, GitRepo, authorized, eventually};
+use kas_proto::cluster_state::cluster_state_client::ClusterStateClient;
+use kas_proto::cluster_state::{GetClusterStateRequest, ListObjectsRequest, WatchRequest, event};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
@@ -282,6 +284,46 @@ async fn pod_changes_reach_a_subscriber_on_another_kas_in_order_and_a_removed_re
     assert_eq!(sse.next().await.describe(), "upsert pods after Pending", "no event of the configmap");
     let (status, body) = get(&c, 1, "/api/v1/agents/1/cluster_state/configmaps").await;
     assert_eq!(status, 404, "{body}");
+
+    // The same on gRPC (`kas.cluster_state.v1.ClusterState` on kas 1's api listener).
+    let mut grpc = ClusterStateClient::new(kas_e2e::cluster::channel(c.kas[1].addresses.api));
+    let summary = grpc
+        .get_cluster_state(authorized(GetClusterStateRequest { agent_id: 1 }, &c.gitlab_jwt()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(summary.freshness.unwrap().live);
+    assert_eq!(summary.resources.len(), 1, "configmaps went with the configuration");
+    assert_eq!(summary.resources[0].count, 2, "before, after");
+    let list = ListObjectsRequest { agent_id: 1, resource: "pods".into(), namespace: "apps".into() };
+    let names: Vec<String> = grpc
+        .list_objects(authorized(list, &c.gitlab_jwt()))
+        .await
+        .unwrap()
+        .into_inner()
+        .objects
+        .into_iter()
+        .map(|o| o.name)
+        .collect();
+    assert_eq!(names, ["after", "before"]);
+    let mut watch = grpc
+        .watch(authorized(WatchRequest { agent_id: 1, last_event_id: String::new() }, &c.gitlab_jwt()))
+        .await
+        .unwrap()
+        .into_inner();
+    let first = watch.message().await.unwrap().unwrap();
+    assert!(matches!(first.event, Some(event::Event::Snapshot(_))), "{first:?}");
+    pods.delete("after", &DeleteParams::default()).await.unwrap();
+    let next = tokio::time::timeout(kas_e2e::EVENTUALLY_TIMEOUT, watch.message()).await.unwrap().unwrap().unwrap();
+    let Some(event::Event::Delete(change)) = next.event else { panic!("{next:?}") };
+    assert_eq!(change.object.unwrap().name, "after");
+    let missing =
+        grpc.get_cluster_state(authorized(GetClusterStateRequest { agent_id: 2 }, &c.gitlab_jwt())).await.unwrap_err();
+    assert_eq!(missing.code(), tonic::Code::NotFound, "{missing:?}");
+    let unauthenticated = grpc.get_cluster_state(GetClusterStateRequest { agent_id: 1 }).await.unwrap_err();
+    assert_eq!(unauthenticated.code(), tonic::Code::Unauthenticated);
+    c.assert_metrics(0, &["kas_cluster_state_pushed_messages_total", "kas_cluster_state_events_total"]).await;
+    c.assert_metrics(1, &["kas_cluster_state_subscribers"]).await;
 }
 
 /// agentk stops: subscribers see `live: false`; changes made meanwhile arrive once it is back,
