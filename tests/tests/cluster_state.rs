@@ -323,6 +323,15 @@ async fn pod_changes_reach_a_subscriber_on_another_kas_in_order_and_a_removed_re
     let unauthenticated = grpc.get_cluster_state(GetClusterStateRequest { agent_id: 1 }).await.unwrap_err();
     assert_eq!(unauthenticated.code(), tonic::Code::Unauthenticated);
     c.assert_metrics(0, &["kas_cluster_state_pushed_messages_total", "kas_cluster_state_events_total"]).await;
+
+    // The configuration drops the section: kas is told, not left holding views it thinks stale.
+    config_repo.commit(CONFIG_PATH, b"observability: {logging: {level: info}}\n");
+    assert_eq!(
+        sse.until("resource_removed pods").await,
+        ["delete pods after"],
+        "the delete seen over gRPC, then the removal"
+    );
+    eventually!(get(&c, 1, "/api/v1/agents/1/cluster_state").await.1["resources"] == json!([]), "no resource observed");
     c.assert_metrics(1, &["kas_cluster_state_subscribers"]).await;
 }
 

@@ -87,9 +87,15 @@ impl Task {
     }
 }
 
+/// How long a replica that stops observing (the configuration dropped `cluster_state`, or it
+/// lost the Lease) waits for kas to be told the resources are gone.
+const RETIRE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// What runs while this replica leads: the pusher and one informer per resource.
 struct Leading {
     pusher: Task,
+    /// The pusher's (resources observed, all told to kas).
+    told: watch::Receiver<(usize, bool)>,
     observed: watch::Sender<Vec<ResourceKey>>,
     to_pusher: mpsc::Sender<informer::Observation>,
     informers: BTreeMap<(String, String), (ObservedResource, Task)>,
@@ -99,9 +105,10 @@ impl Leading {
     fn start(kas: &RunContext) -> Self {
         let (observed, observed_rx) = watch::channel(Vec::new());
         let (to_pusher, observations) = mpsc::channel(OBSERVATION_QUEUE);
+        let (told_tx, told) = watch::channel((0, true));
         let kas = kas.clone();
-        let pusher = Task::spawn(move |stop| pusher::run(kas, observed_rx, observations, stop));
-        Self { pusher, observed, to_pusher, informers: BTreeMap::new() }
+        let pusher = Task::spawn(move |stop| pusher::run(kas, observed_rx, observations, told_tx, stop));
+        Self { pusher, told, observed, to_pusher, informers: BTreeMap::new() }
     }
 
     /// Informers for new resources, none for removed ones, new ones for changed ones.
@@ -133,9 +140,22 @@ impl Leading {
         }
     }
 
-    async fn end(self) {
-        for (_, (_, task)) in self.informers {
+    /// Stops the informers and the pusher. With `retire` (the configuration no longer names any
+    /// resource) kas is told first (within [`RETIRE_TIMEOUT`]) that nothing is observed any more,
+    /// so it does not keep the last views as if they were only stale; on shutdown or a lost Lease
+    /// the views stay, stale, until agentk (or the new leader) pushes again.
+    async fn end(mut self, retire: bool) {
+        for (_, (_, task)) in std::mem::take(&mut self.informers) {
             task.end().await;
+        }
+        if !retire {
+            self.pusher.end().await;
+            return;
+        }
+        self.observed.send_replace(Vec::new());
+        let told = self.told.wait_for(|(resources, idle)| *resources == 0 && *idle);
+        if tokio::time::timeout(RETIRE_TIMEOUT, told).await.is_err() {
+            tracing::debug!("kas was not told in time that no resource is observed any more");
         }
         self.pusher.end().await;
     }
@@ -165,8 +185,9 @@ impl super::Module for ClusterState {
             let (agent_id, resources) = wanted(&configuration.borrow_and_update());
             let elect = agent_id != 0 && !resources.is_empty();
             if election.as_ref().is_some_and(|e| !elect || e.agent_id != agent_id) {
+                let retire = election.as_ref().is_some_and(|e| e.agent_id == agent_id);
                 if let Some(l) = leading.take() {
-                    l.end().await;
+                    l.end(retire).await;
                 }
                 if let Some(e) = election.take() {
                     e.task.end().await;
@@ -180,7 +201,7 @@ impl super::Module for ClusterState {
                 let l = leading.get_or_insert_with(|| Leading::start(&context));
                 l.reconcile(&self.client, &resources).await;
             } else if let Some(l) = leading.take() {
-                l.end().await;
+                l.end(false).await;
             }
             tokio::select! {
                 () = shutdown.cancelled() => break,
@@ -189,7 +210,7 @@ impl super::Module for ClusterState {
             }
         }
         if let Some(l) = leading.take() {
-            l.end().await;
+            l.end(false).await;
         }
         if let Some(e) = election.take() {
             e.task.end().await;

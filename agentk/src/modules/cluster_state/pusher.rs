@@ -262,14 +262,21 @@ fn listing(r: &CachedResource) -> Vec<PushRequest> {
 
 /// Keeps kas's copy equal to the cache until `stop`, reconnecting with backoff (to the kas
 /// addresses in `--kas-address` order, the next one after each failure).
+/// `told` says, after every step, whether kas has been told everything of the configuration's
+/// current resources: (how many resources it names, nothing left to send).
 pub async fn run(
     kas: RunContext,
     mut observed: watch::Receiver<Vec<ResourceKey>>,
     mut observations: mpsc::Receiver<Observation>,
+    told: watch::Sender<(usize, bool)>,
     stop: CancellationToken,
 ) {
     let mut cache = Cache::default();
     cache.set_observed(observed.borrow_and_update().clone());
+    let publish = |cache: &Cache| {
+        let now = (cache.observed.len(), !cache.has_next());
+        told.send_if_modified(|v| std::mem::replace(v, now) != now);
+    };
     let mut backoff = Backoff::new(RECONNECT_BASE, RECONNECT_CAP);
     for attempt in 0usize.. {
         let Some((address, channel)) = kas.kas.get(attempt % kas.kas.len().max(1)) else { return };
@@ -281,6 +288,7 @@ pub async fn run(
         let call = client.push(kas.authorized(tokio_stream::wrappers::ReceiverStream::new(rx)));
         tokio::pin!(call);
         let ended = loop {
+            publish(&cache);
             tokio::select! {
                 () = stop.cancelled() => return,
                 result = &mut call => break result.map(|_| ()),
