@@ -1,6 +1,8 @@
-//! Swagger UI in a real browser: headless Debian Chromium driven by Playwright
-//! (`tests/browser/swagger.mjs`) loads `/swagger-ui` from a kas with a real agentk, checks the
+//! The REST gateway in a real browser: headless Debian Chromium driven by Playwright.
+//! `tests/browser/swagger.mjs` loads `/swagger-ui` from a kas with a real agentk, checks the
 //! operations render, authorizes with a JWT and runs GetPods with "Try it out" (200).
+//! `tests/browser/events.mjs` watches an agent's cluster state with the browser's own
+//! `EventSource` (issue 17).
 //!
 //! Needs node, `/usr/bin/chromium` (`apt-get install chromium`) and playwright-core
 //! (`npm ci --prefix tests/browser`). Under `CI=true` a missing tool fails the test; elsewhere it
@@ -74,4 +76,65 @@ async fn swagger_ui_renders_and_try_it_out_calls_get_pods() {
     assert_eq!(body, serde_json::json!({"pods": [{"namespace": "default", "name": "web-1"}]}));
     assert_eq!(seen["errors"], serde_json::json!([]), "no JavaScript errors on the page");
     eprintln!("Swagger UI screenshot: {}", screenshot.display());
+}
+
+/// A browser's `EventSource` (no headers: the JWT as `access_token`) gets the cluster state's
+/// snapshot and then the upsert of a pod created on the API server.
+#[tokio::test]
+async fn a_browser_event_source_watches_the_cluster_state() {
+    use tokio::io::AsyncBufReadExt;
+    let missing = missing_tools();
+    if !missing.is_empty() {
+        kas_e2e::missing_tool(
+            "a_browser_event_source_watches_the_cluster_state",
+            &format!("the EventSource browser test needs: {}", missing.join("; ")),
+        );
+        return;
+    }
+    let doc =
+        kas::agent::AgentConfigDocument::parse("cluster_state:\n  resources:\n    - {version: v1, resource: pods}\n")
+            .unwrap();
+    let c = Cluster::builder().agent_configuration(1, doc).start().await;
+    c.kube.add_namespace("agentk");
+    c.kube.add_pod("default", "web-1");
+    let _a = c.start_agentk(1, 0, "agentk-0").await;
+    let summary = || async {
+        let resp = reqwest::Client::new()
+            .get(format!("{}/api/v1/agents/1/cluster_state", c.rest_url(0)))
+            .bearer_auth(c.gitlab_jwt())
+            .send()
+            .await
+            .unwrap();
+        resp.json::<serde_json::Value>().await.unwrap_or_default()
+    };
+    kas_e2e::eventually!(summary().await["resources"][0]["synced"] == true, "pods listed");
+
+    let mut child = tokio::process::Command::new("node")
+        .arg(workspace().join("tests/browser/events.mjs"))
+        .arg(c.rest_url(0))
+        .arg(c.gitlab_jwt())
+        .arg("1")
+        .arg("web-2")
+        .env("CHROMIUM", chromium())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let next = async |lines: &mut tokio::io::Lines<_>| -> serde_json::Value {
+        let line = tokio::time::timeout(Duration::from_secs(90), lines.next_line()).await.expect("an event").unwrap();
+        serde_json::from_str(&line.expect("events.mjs ended early")).unwrap()
+    };
+    let snapshot = next(&mut lines).await;
+    assert_eq!(snapshot["event"], "snapshot", "{snapshot}");
+    let data: serde_json::Value = serde_json::from_str(snapshot["data"].as_str().unwrap()).unwrap();
+    assert_eq!(data["resources"][0]["objects"][0]["name"], "web-1", "{data}");
+    assert!(snapshot["id"].as_str().is_some_and(|id| !id.is_empty()), "the browser saw the event id");
+    c.kube.add_pod("default", "web-2");
+    let upsert = next(&mut lines).await;
+    assert_eq!(upsert["event"], "upsert", "{upsert}");
+    let data: serde_json::Value = serde_json::from_str(upsert["data"].as_str().unwrap()).unwrap();
+    assert_eq!((data["resource"].as_str(), data["object"]["name"].as_str()), (Some("pods"), Some("web-2")));
+    let status = tokio::time::timeout(Duration::from_secs(60), child.wait()).await.expect("events.mjs exits").unwrap();
+    assert!(status.success(), "events.mjs failed: {status}");
 }
