@@ -417,12 +417,12 @@ impl Bound {
         };
         let peers =
             Arc::new(peers.with_ping(config.kas_internal.peer_ping_interval, config.kas_internal.peer_ping_timeout));
-        let cluster_state = Arc::new(crate::modules::cluster_state::ClusterStateHub::new(
+        let cluster_state = crate::modules::cluster_state::ClusterStateHub::new(
             config.cluster_state.clone(),
             registry.clone(),
             peers.clone(),
             shutdown.clone(),
-        ));
+        );
         let router = Router::new(tunnels.clone(), registry.clone(), peers, config.routing.max_wait)
             .with_limits(config.routing.max_concurrent_requests, config.routing.max_concurrent_requests_per_agent);
         // Alive before the first agent registers, so peers do not ignore its records.

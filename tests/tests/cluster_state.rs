@@ -493,3 +493,25 @@ async fn a_subscriber_that_stops_reading_is_caught_up_with_a_snapshot_not_a_back
     assert!(snapshots >= 2, "caught up with a second snapshot ({snapshots} in all)");
     assert!(events < changes / 2, "{events} events for {changes} changes: a backlog was kept for the client");
 }
+
+/// Redis restarts empty: the kas holding the state says so again as soon as Redis is back (with
+/// the registry's resync), so reads on the other kas work again within seconds, not at the next
+/// holder refresh (30 s).
+#[tokio::test]
+async fn reads_through_another_kas_recover_soon_after_redis_restarts_empty() {
+    let config_repo = GitRepo::new();
+    config_repo.commit(CONFIG_PATH, PODS_ONLY.as_bytes());
+    let mut c = cluster(&config_repo).await;
+    c.kube.put_pod("apps", "web", "Running", true, &[]);
+    let _agentk = start_agentk(&c, &[0], "agentk-0").await;
+    eventually!(get(&c, 1, "/api/v1/agents/1/cluster_state/pods").await.0 == 200, "read through kas 1");
+
+    c.redis.as_mut().unwrap().stop().await;
+    c.redis.as_mut().unwrap().start_again().await;
+    let restarted = std::time::Instant::now();
+    eventually!(
+        get(&c, 1, "/api/v1/agents/1/cluster_state/pods").await.1["objects"][0]["name"] == "web",
+        "read through kas 1 after the restart"
+    );
+    assert!(restarted.elapsed() < Duration::from_secs(10), "took {:?}", restarted.elapsed());
+}

@@ -123,8 +123,10 @@ impl ClusterStateHub {
         registry: Arc<dyn AgentRegistry>,
         peers: Arc<Peers>,
         shutdown: CancellationToken,
-    ) -> Self {
-        Self { states: ClusterStates::new(config.retention), config, registry, peers, shutdown }
+    ) -> Arc<Self> {
+        let hub = Arc::new(Self { states: ClusterStates::new(config.retention), config, registry, peers, shutdown });
+        tokio::spawn(reclaim_after_resync(Arc::downgrade(&hub)));
+        hub
     }
 
     /// Says in the registry that this kas holds the agent's state (best effort: a failure is
@@ -186,6 +188,36 @@ impl ClusterStateHub {
             request.metadata_mut().insert(kas_proto::metadata::AUTHORIZATION, v);
         }
         request
+    }
+}
+
+/// Redis came back (possibly empty: restarted without persistence, failed over): the registry
+/// rewrote its connection records; this says again which live states this kas holds, so that
+/// other kas find them at once rather than at the next refresh (up to 30 s of 404s).
+async fn reclaim_after_resync(hub: std::sync::Weak<ClusterStateHub>) {
+    let (mut events, shutdown) = match hub.upgrade() {
+        Some(h) => (h.registry.subscribe(), h.shutdown.clone()),
+        None => return,
+    };
+    loop {
+        let event = tokio::select! {
+            () = shutdown.cancelled() => return,
+            event = events.recv() => event,
+        };
+        let resynced = match event {
+            Ok(crate::registry::RegistryEvent::Resynced) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                true
+            }
+            Ok(_) => false,
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+        };
+        if !resynced {
+            continue;
+        }
+        let Some(hub) = hub.upgrade() else { return };
+        for agent_id in hub.states.live_agents() {
+            hub.claim(agent_id).await;
+        }
     }
 }
 

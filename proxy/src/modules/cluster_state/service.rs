@@ -368,12 +368,12 @@ mod tests {
     fn hub() -> Arc<ClusterStateHub> {
         let instance = KasInstanceInfo { instance_id: "kas-test".into(), ..Default::default() };
         let timing = RegistryTiming { ttl: Duration::from_secs(60), heartbeat_ttl: Duration::from_secs(60) };
-        Arc::new(ClusterStateHub::new(
+        ClusterStateHub::new(
             Default::default(),
             Arc::new(MemoryRegistry::new(instance, timing)),
             Arc::new(Peers::new(Secret::generate())),
             tokio_util::sync::CancellationToken::new(),
-        ))
+        )
     }
 
     fn changes(phase: Phase, names: impl Iterator<Item = String>, rv: usize) -> PushRequest {

@@ -400,6 +400,11 @@ impl ClusterStates {
         agents.retain(|_, s| s.ended_at().is_none_or(|at| now.duration_since(at).unwrap_or_default() < self.retention));
     }
 
+    /// Agents whose agentk stream is open here.
+    pub fn live_agents(&self) -> Vec<AgentId> {
+        self.lock().iter().filter(|(_, s)| s.is_live()).map(|(id, _)| *id).collect()
+    }
+
     /// Agents with a state here (for metrics).
     pub fn len(&self) -> usize {
         self.lock().len()
