@@ -515,3 +515,52 @@ async fn reads_through_another_kas_recover_soon_after_redis_restarts_empty() {
     );
     assert!(restarted.elapsed() < Duration::from_secs(10), "took {:?}", restarted.elapsed());
 }
+
+/// What agentk may push is bounded and checked: a bad message is INVALID_ARGUMENT naming the
+/// field, more resources than a configuration allows or more views than
+/// `cluster_state.max_objects_per_agent` is RESOURCE_EXHAUSTED; no agent token, UNAUTHENTICATED.
+#[tokio::test]
+async fn bad_or_oversized_pushes_are_refused_with_the_reason() {
+    use kas_proto::cluster_state::cluster_state_agent_client::ClusterStateAgentClient;
+    use kas_proto::cluster_state::resource_update::Phase;
+    use kas_proto::cluster_state::{ObjectView, PushRequest, ResourceKey, ResourceUpdate};
+    let c = Cluster::builder().configure(|config, _| config.cluster_state.max_objects_per_agent = 10).start().await;
+    let token = c.agent(1).token.clone();
+    let push = |messages: Vec<PushRequest>, token: Option<String>| {
+        let mut client = ClusterStateAgentClient::new(kas_e2e::cluster::channel(c.kas[0].addresses.agent));
+        async move {
+            let stream = futures::stream::iter(messages);
+            let request = match token {
+                Some(t) => authorized(stream, &t),
+                None => tonic::Request::new(stream),
+            };
+            client.push(request).await.unwrap_err()
+        }
+    };
+    let key = |i: usize| ResourceKey { group: "example.com".into(), version: "v1".into(), resource: format!("r{i}") };
+    let update = |key: ResourceKey, phase: Phase, objects: usize| ResourceUpdate {
+        resource: Some(key),
+        phase: phase as i32,
+        upserts: (0..objects).map(|i| ObjectView { name: format!("o{i}"), ..Default::default() }).collect(),
+        ..Default::default()
+    };
+
+    let e =
+        push(vec![PushRequest { updates: vec![ResourceUpdate::default()], resources: vec![] }], Some(token.clone()))
+            .await;
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("PushRequest.updates[0].resource is missing"), "{e:?}");
+    let e = push(vec![PushRequest { updates: vec![update(key(0), Phase::Changes, 0)], resources: vec![] }], None).await;
+    assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+
+    let many: Vec<ResourceUpdate> = (0..=50).map(|i| update(key(i), Phase::SnapshotBegin, 0)).collect();
+    let e = push(vec![PushRequest { updates: many, resources: vec![] }], Some(token.clone())).await;
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+    assert!(e.message().contains("more than 50 resources"), "{e:?}");
+
+    // A new stream names its resources first: kas forgets the 51 of the last one.
+    let big = vec![PushRequest { updates: vec![update(key(0), Phase::SnapshotBegin, 11)], resources: vec![key(0)] }];
+    let e = push(big, Some(token)).await;
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+    assert!(e.message().contains("11 object views, more than cluster_state.max_objects_per_agent (10)"), "{e:?}");
+}

@@ -72,6 +72,15 @@ impl ClusterStateAgent for PushService {
                         validate(&message)?;
                         let applied = state.apply(message);
                         super::metrics::pushed(applied.events);
+                        // What the agent configuration allows (`cluster_state.resources`), so
+                        // only a broken or hostile agentk reaches it.
+                        if state.resource_count() > crate::agent::cluster_state::MAX_RESOURCES {
+                            return Err(KasError::ResourceExhausted(format!(
+                                "agent {agent_id} pushed more than {} resources (cluster_state.resources allows no more)",
+                                crate::agent::cluster_state::MAX_RESOURCES
+                            ))
+                            .into());
+                        }
                         let held = state.object_count();
                         if held > hub.config.max_objects_per_agent {
                             return Err(KasError::ResourceExhausted(format!(

@@ -183,6 +183,11 @@ impl AgentState {
         }
     }
 
+    /// Resources held.
+    pub fn resource_count(&self) -> usize {
+        self.lock().resources.len()
+    }
+
     /// Views held, listings in progress included (the bound `cluster_state.max_objects_per_agent`).
     pub fn object_count(&self) -> usize {
         let inner = self.lock();
