@@ -7,7 +7,12 @@
 //! - proxy: the Kubernetes API proxy vs direct access, nginx, rathole and bore, in interleaved
 //!   rounds, and `kubectl get pods -A` (needs `cargo build --release --bins` for the kas and
 //!   agentk processes). `--upstream` runs this program as that section's upstream server.
+//! - git, gitops: agent configuration polls, push to applied and the poll cost of GitOps.
+//! - cluster_state: a pod change to an SSE subscriber on another kas, cached reads against the
+//!   Kubernetes API proxy, bytes per change against a raw watch, agentk's memory with 10,000
+//!   pods cached (needs the release `agentk` binary next to this one).
 
+mod cluster_state;
 mod git;
 mod gitops;
 mod proxy;
@@ -49,7 +54,7 @@ fn args() -> Args {
         rounds: 3,
         upstream: false,
         out: None,
-        sections: vec!["routing".into(), "proxy".into(), "git".into(), "gitops".into()],
+        sections: vec!["routing".into(), "proxy".into(), "git".into(), "gitops".into(), "cluster_state".into()],
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -63,7 +68,7 @@ fn args() -> Args {
             "--sections" => a.sections = value().split(',').map(str::to_owned).collect(),
             other => {
                 panic!(
-                    "unknown flag {other} (use --trials N, --requests N, --rounds N, --sections routing,proxy,git,gitops, --out FILE)"
+                    "unknown flag {other} (use --trials N, --requests N, --rounds N, --sections routing,proxy,git,gitops,cluster_state, --out FILE)"
                 )
             }
         }
@@ -247,6 +252,9 @@ async fn main() {
     }
     if a.sections.iter().any(|s| s == "gitops") {
         gitops::run(a.trials, &mut report).await;
+    }
+    if a.sections.iter().any(|s| s == "cluster_state") {
+        Box::pin(cluster_state::run(a.trials, &mut report)).await;
     }
     print!("{report}");
     if let Some(out) = a.out {

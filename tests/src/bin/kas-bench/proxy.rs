@@ -111,7 +111,7 @@ fn clock_ticks_per_second() -> f64 {
 
 /// Why a path has no figures.
 #[derive(Debug, thiserror::Error)]
-enum Unavailable {
+pub(crate) enum Unavailable {
     #[error("not installed ({0})")]
     NotInstalled(&'static str),
     #[error("failed to start: {0}")]
@@ -132,7 +132,7 @@ fn find_program(name: &str) -> Option<PathBuf> {
 }
 
 /// The kas/agentk binaries next to this benchmark (target/release/).
-fn sibling_binary(name: &'static str) -> Result<PathBuf, Unavailable> {
+pub(crate) fn sibling_binary(name: &'static str) -> Result<PathBuf, Unavailable> {
     let exe = std::env::current_exe().map_err(failed)?;
     let path = exe.parent().map(|d| d.join(name)).ok_or_else(|| failed("no directory for the benchmark binary"))?;
     if path.is_file() {
