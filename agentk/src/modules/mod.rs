@@ -49,6 +49,27 @@ pub struct ModuleContext<'a> {
     pub gitops_state: &'a watch::Sender<GitopsState>,
 }
 
+impl ModuleContext<'_> {
+    /// Where a feature's Lease lives: the pod's namespace, else the kubeconfig's.
+    pub fn lease_namespace(&self) -> String {
+        if self.pod_namespace.is_empty() {
+            self.kube_config.default_namespace.clone()
+        } else {
+            self.pod_namespace.to_owned()
+        }
+    }
+
+    /// This replica's identity as a Lease holder: the pod name (unique among replicas), else a
+    /// random one.
+    pub fn lease_identity(&self) -> String {
+        if self.pod_name.is_empty() {
+            format!("agentk-{:016x}", rand::random::<u64>())
+        } else {
+            self.pod_name.to_owned()
+        }
+    }
+}
+
 /// What a module's `run` may use to call kas.
 #[derive(Clone)]
 pub struct RunContext {

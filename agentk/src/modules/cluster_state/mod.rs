@@ -46,16 +46,7 @@ pub struct ClusterState {
 
 impl ClusterState {
     pub fn new(client: kube::Client, context: &ModuleContext) -> Self {
-        let namespace = if context.pod_namespace.is_empty() {
-            context.kube_config.default_namespace.clone()
-        } else {
-            context.pod_namespace.to_owned()
-        };
-        let identity = if context.pod_name.is_empty() {
-            format!("agentk-{:016x}", rand::random::<u64>())
-        } else {
-            context.pod_name.to_owned()
-        };
+        let (namespace, identity) = (context.lease_namespace(), context.lease_identity());
         Self { client, configuration: context.configuration.subscribe(), settings: context.gitops, namespace, identity }
     }
 }
