@@ -417,7 +417,7 @@ impl Bound {
         };
         let peers =
             Arc::new(peers.with_ping(config.kas_internal.peer_ping_interval, config.kas_internal.peer_ping_timeout));
-        let cluster_state = crate::modules::cluster_state::ClusterStateHub::new(
+        let cluster_state = crate::modules::cluster_state::hub::ClusterStateHub::new(
             config.cluster_state.clone(),
             registry.clone(),
             peers.clone(),

@@ -64,7 +64,7 @@ pub struct ModuleContext {
     /// GitOps's state, shared with `KasApi` and the REST gateway.
     pub gitops: std::sync::Arc<gitops::state::GitopsState>,
     /// The cluster state agents push, shared with the REST gateway.
-    pub cluster_state: std::sync::Arc<cluster_state::ClusterStateHub>,
+    pub cluster_state: std::sync::Arc<cluster_state::hub::ClusterStateHub>,
     /// kas is shutting down: long-lived streams end (agentk reconnects to another kas).
     pub shutdown: tokio_util::sync::CancellationToken,
 }

@@ -7,7 +7,7 @@ use kas_proto::cluster_state::cluster_state_agent_server::ClusterStateAgent;
 use kas_proto::cluster_state::{PushRequest, PushResponse};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::ClusterStateHub;
+use super::hub::{ClusterStateHub, HOLDER_REFRESH};
 use super::store::AgentState;
 use crate::auth::agent_auth::AgentAuthenticator;
 use crate::error::KasError;
@@ -57,8 +57,7 @@ impl ClusterStateAgent for PushService {
         hub.claim(agent_id).await;
         tracing::info!(agent_id = %agent_id, "agentk's cluster state stream opened");
         let mut messages = request.into_inner();
-        let mut refresh =
-            tokio::time::interval_at(tokio::time::Instant::now() + super::HOLDER_REFRESH, super::HOLDER_REFRESH);
+        let mut refresh = tokio::time::interval_at(tokio::time::Instant::now() + HOLDER_REFRESH, HOLDER_REFRESH);
         loop {
             tokio::select! {
                 // agentk reconnects to another kas.

@@ -22,7 +22,7 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::Scope;
+use super::hub::Scope;
 use crate::error::KasError;
 use crate::server::rest::problem::{PROBLEM_JSON, Problem};
 use crate::server::rest::state::{RestState, path_text};

@@ -15,8 +15,8 @@ use kas_proto::cluster_state::{
 use tokio::sync::{broadcast, mpsc};
 use tonic::{Request, Response, Status};
 
+use super::hub::{ClusterStateHub, Location, Scope, from_peer};
 use super::store::{AgentState, unix_ms};
-use super::{ClusterStateHub, Location, Scope, from_peer};
 use crate::error::KasError;
 
 pub struct ClusterStateService {

@@ -28,7 +28,7 @@ pub struct RestState {
     /// GitOps status and push events (the same state `KasApi` uses).
     pub gitops: std::sync::Arc<crate::modules::gitops::state::GitopsState>,
     /// Agents' cluster state (the same hub the `ClusterState` gRPC service uses).
-    pub cluster_state: std::sync::Arc<crate::modules::cluster_state::ClusterStateHub>,
+    pub cluster_state: std::sync::Arc<crate::modules::cluster_state::hub::ClusterStateHub>,
 }
 
 /// The whitelisted caller headers (`FORWARDED_METADATA`) as tunnel metadata for agentk.

@@ -25,7 +25,7 @@ struct Fixture {
     app: axum::Router,
     secret: Secret,
     registry: Arc<dyn AgentRegistry>,
-    cluster_state: Arc<crate::modules::cluster_state::ClusterStateHub>,
+    cluster_state: Arc<crate::modules::cluster_state::hub::ClusterStateHub>,
     _stop: DropGuard,
 }
 
@@ -43,8 +43,12 @@ fn fixture_with(config: RestConfig, max_wait: Duration) -> Fixture {
     let secret = Secret::generate();
     let peers = Arc::new(Peers::new(Secret::generate()));
     let kas_router = Router::new(tunnels, registry.clone(), peers.clone(), max_wait);
-    let cluster_state =
-        crate::modules::cluster_state::ClusterStateHub::new(Default::default(), registry.clone(), peers, stop.clone());
+    let cluster_state = crate::modules::cluster_state::hub::ClusterStateHub::new(
+        Default::default(),
+        registry.clone(),
+        peers,
+        stop.clone(),
+    );
     let state = RestState {
         router: kas_router,
         verifier: JwtVerifier::gitlab(&secret),
