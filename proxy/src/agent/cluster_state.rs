@@ -82,7 +82,7 @@ impl ClusterStateDocument {
             if !seen.insert((r.group.as_str(), r.resource.as_str())) {
                 return Err(format!(
                     "{at} observes {} a second time (one entry per group and resource)",
-                    display(&r.group, &r.resource)
+                    resource_name(&r.group, &r.resource)
                 ));
             }
             if r.namespaces.len() > MAX_NAMESPACES {
@@ -118,9 +118,9 @@ impl ClusterStateDocument {
     }
 }
 
-/// `pods`, `apps/deployments`: how callers name a resource.
-pub fn display(group: &str, resource: &str) -> String {
-    if group.is_empty() { resource.to_owned() } else { format!("{group}/{resource}") }
+/// `pods`, `deployments.apps`: a resource as kubectl (and kas's cluster state routes) name it.
+pub fn resource_name(group: &str, resource: &str) -> String {
+    if group.is_empty() { resource.to_owned() } else { format!("{resource}.{group}") }
 }
 
 #[cfg(test)]

@@ -165,7 +165,7 @@ fn freshness(f: Option<Freshness>) -> FreshnessJson {
 
 /// `pods`, `deployments.apps`.
 pub fn resource_name(key: &ResourceKey) -> String {
-    if key.group.is_empty() { key.resource.clone() } else { format!("{}.{}", key.resource, key.group) }
+    crate::agent::cluster_state::resource_name(&key.group, &key.resource)
 }
 
 fn summary(s: ResourceSummary) -> ResourceSummaryJson {

@@ -93,9 +93,7 @@ impl ClusterStateHub {
                 let observed: Vec<String> = resources
                     .iter()
                     .filter_map(|r| r.resource.as_ref())
-                    .map(
-                        |k| if k.group.is_empty() { k.resource.clone() } else { format!("{}.{}", k.resource, k.group) },
-                    )
+                    .map(|k| crate::agent::cluster_state::resource_name(&k.group, &k.resource))
                     .collect();
                 return Err(KasError::NotFound(format!(
                     "agent {agent_id} does not observe \"{resource}\" (cluster_state.resources: {})",

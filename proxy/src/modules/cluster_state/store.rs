@@ -92,7 +92,6 @@ struct Inner {
 /// One agent's state on this kas.
 #[derive(Debug)]
 pub struct AgentState {
-    agent_id: AgentId,
     /// Random per state: event ids of another state (another kas, or after a restart) never
     /// resume here.
     epoch: u64,
@@ -113,9 +112,8 @@ pub struct Applied {
 }
 
 impl AgentState {
-    fn new(agent_id: AgentId) -> Self {
+    fn new() -> Self {
         Self {
-            agent_id,
             epoch: rand::random::<u64>() >> 12,
             inner: Mutex::new(Inner {
                 resources: BTreeMap::new(),
@@ -126,10 +124,6 @@ impl AgentState {
             }),
             events: broadcast::channel(SUBSCRIBER_BUFFER).0,
         }
-    }
-
-    pub fn agent_id(&self) -> AgentId {
-        self.agent_id
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -378,10 +372,6 @@ impl ClusterStates {
         Self { agents: Mutex::default(), retention }
     }
 
-    pub fn retention(&self) -> Duration {
-        self.retention
-    }
-
     fn lock(&self) -> MutexGuard<'_, HashMap<AgentId, Arc<AgentState>>> {
         self.agents.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -390,7 +380,7 @@ impl ClusterStates {
     pub fn get_or_create(&self, agent_id: AgentId) -> Arc<AgentState> {
         let mut agents = self.lock();
         self.sweep(&mut agents);
-        agents.entry(agent_id).or_insert_with(|| Arc::new(AgentState::new(agent_id))).clone()
+        agents.entry(agent_id).or_insert_with(|| Arc::new(AgentState::new())).clone()
     }
 
     pub fn get(&self, agent_id: AgentId) -> Option<Arc<AgentState>> {
@@ -490,7 +480,7 @@ mod tests {
 
     #[test]
     fn a_listing_replaces_the_views_and_subscribers_see_only_the_difference() {
-        let state = AgentState::new(AgentId(1));
+        let state = AgentState::new();
         state.stream_opened();
         state.apply(update(Phase::SnapshotBegin, vec![pod("a", 1, "Running"), pod("b", 1, "Pending")], &[]));
         state.apply(update(Phase::SnapshotEnd, vec![], &[]));
@@ -515,7 +505,7 @@ mod tests {
 
     #[test]
     fn a_subscriber_resumes_with_what_it_missed_or_gets_a_snapshot() {
-        let state = AgentState::new(AgentId(1));
+        let state = AgentState::new();
         state.apply(update(Phase::SnapshotBegin, vec![pod("a", 1, "Running")], &[]));
         state.apply(update(Phase::SnapshotEnd, vec![], &[]));
         let first = state.subscribe("");
@@ -523,7 +513,7 @@ mod tests {
         state.apply(update(Phase::Changes, vec![pod("a", 2, "Running"), pod("b", 3, "Running")], &[]));
         let resumed = state.subscribe(&last_id);
         assert_eq!(describe(&resumed.initial), [("upsert".into(), "a@2".into()), ("upsert".into(), "b@3".into())]);
-        let other = AgentState::new(AgentId(1));
+        let other = AgentState::new();
         assert_eq!(describe(&other.subscribe(&last_id).initial)[0].0, "snapshot", "another state's id");
         assert_eq!(describe(&state.subscribe("garbage").initial)[0].0, "snapshot");
         assert_eq!(describe(&state.subscribe(&format!("{:x}-999", state.epoch)).initial)[0].0, "snapshot");
@@ -536,7 +526,7 @@ mod tests {
 
     #[test]
     fn freshness_follows_the_stream_and_resources_leave_with_the_configuration() {
-        let state = AgentState::new(AgentId(1));
+        let state = AgentState::new();
         let mut sub = state.subscribe("");
         state.stream_opened();
         assert!(state.freshness().live);
