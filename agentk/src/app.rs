@@ -23,11 +23,12 @@ use crate::modules::{self, Module};
 use crate::pool::{self, PoolContext, PoolStats};
 pub use crate::status::Status;
 
-/// First reconnect delay ceiling, and the cap (full jitter below it).
-const RECONNECT_BASE: Duration = Duration::from_millis(200);
-const RECONNECT_CAP: Duration = Duration::from_secs(30);
+/// First reconnect delay ceiling, and the cap (full jitter below it). Public, with
+/// `HEALTHY_AFTER`, so that kas-sim reconnects its simulated agents exactly as agentk does.
+pub const RECONNECT_BASE: Duration = Duration::from_millis(200);
+pub const RECONNECT_CAP: Duration = Duration::from_secs(30);
 /// A connection that lasted this long was healthy: the next failure starts backoff afresh.
-const HEALTHY_AFTER: Duration = Duration::from_secs(30);
+pub const HEALTHY_AFTER: Duration = Duration::from_secs(30);
 /// HTTP/2 pings when nothing was received for the interval: a hung kas (no FIN, no RST) is
 /// left for the next address within interval + timeout (6 s), not when TCP gives up. Cost: one
 /// 17-byte ping and its ack per idle connection every 3 s (10,000 agents: 3,300 pings/s on
@@ -224,18 +225,26 @@ impl App {
             }
             let (address, channel) = &self.channels[attempt % self.channels.len()];
             let started = Instant::now();
+            let mut pushback = None;
             match self.session(address, channel, &shutdown, &stop_all, &in_flight, &mut last_commit).await {
                 Ok(()) if shutdown.is_cancelled() => tracing::info!("connection to kas closed for shutdown"),
                 Ok(()) => tracing::info!("kas ended the connection; reconnecting"),
                 Err(status) => {
                     self.failed_attempts.send_modify(|n| *n += 1);
-                    tracing::warn!(code = ?status.code(), error = %status.message(), "connection to kas failed");
+                    // A busy kas (a failover storm) says when to come back: never sooner.
+                    pushback = kas_proto::metadata::retry_pushback(&status);
+                    tracing::warn!(
+                        code = ?status.code(),
+                        error = %status.message(),
+                        retry_pushback_ms = pushback.map(|p| p.as_millis() as u64),
+                        "connection to kas failed"
+                    );
                 }
             }
             if started.elapsed() >= HEALTHY_AFTER {
                 backoff.reset();
             }
-            let delay = backoff.next_delay();
+            let delay = backoff.next_delay_after(pushback);
             tokio::select! {
                 () = shutdown.cancelled() => break,
                 () = tokio::time::sleep(delay) => {}

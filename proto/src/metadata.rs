@@ -36,6 +36,38 @@ pub fn ensure_request_id(md: &mut HashMap<String, MetadataValues>) -> String {
     id
 }
 
+/// gRPC's retry pushback (the name gRPC's retry policy reads): on an `UNAVAILABLE` answer, the
+/// milliseconds the server asks the client to wait before it tries again. kas sends it when it
+/// sheds a new agent connection (`limits.agent_connection_accept_rate`); agentk waits at least
+/// that long, plus jitter.
+pub const RETRY_PUSHBACK_MS: &str = "grpc-retry-pushback-ms";
+/// The longest pushback a client honours: a bad value cannot park an agent for hours.
+pub const MAX_RETRY_PUSHBACK: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// The status with a retry pushback of `after` (whole milliseconds, rounded up).
+pub fn with_retry_pushback(mut status: tonic::Status, after: std::time::Duration) -> tonic::Status {
+    let ms = after.as_micros().div_ceil(1000).min(MAX_RETRY_PUSHBACK.as_millis());
+    if let Ok(v) = ms.to_string().parse() {
+        status.metadata_mut().insert(RETRY_PUSHBACK_MS, v);
+    }
+    status
+}
+
+/// The retry pushback of an `UNAVAILABLE` status (capped at [`MAX_RETRY_PUSHBACK`]); `None`
+/// when absent or not a decimal number of milliseconds (gRPC: a negative or malformed value
+/// means "do not retry", which an agent never obeys: it keeps its own backoff).
+pub fn retry_pushback(status: &tonic::Status) -> Option<std::time::Duration> {
+    if status.code() != tonic::Code::Unavailable {
+        return None;
+    }
+    let v = status.metadata().get(RETRY_PUSHBACK_MS)?.to_str().ok()?;
+    if v.is_empty() || v.len() > 12 || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let ms: u64 = v.parse().ok()?;
+    Some(std::time::Duration::from_millis(ms).min(MAX_RETRY_PUSHBACK))
+}
+
 /// Caller metadata that kas forwards to agentk. Everything else (routing metadata, the caller's
 /// credentials, transport headers) stays in kas.
 pub const FORWARDED_METADATA: &[&str] = &["x-request-id", "user-agent"];
@@ -75,6 +107,26 @@ mod tests {
         assert_eq!(bearer_token(Some("Bearer ")), None);
         assert_eq!(bearer_token(Some("Bearer")), None);
         assert_eq!(bearer_token(None), None);
+    }
+
+    #[test]
+    fn retry_pushback_round_trips_only_on_unavailable_and_is_capped() {
+        use std::time::Duration;
+        let s = with_retry_pushback(tonic::Status::unavailable("busy"), Duration::from_micros(1_234_001));
+        assert_eq!(s.metadata().get(RETRY_PUSHBACK_MS).unwrap(), "1235");
+        assert_eq!(retry_pushback(&s), Some(Duration::from_millis(1235)));
+        let s = with_retry_pushback(tonic::Status::unavailable("busy"), Duration::from_secs(86_400));
+        assert_eq!(retry_pushback(&s), Some(MAX_RETRY_PUSHBACK));
+        let other = with_retry_pushback(tonic::Status::resource_exhausted("limit"), Duration::from_secs(1));
+        assert_eq!(retry_pushback(&other), None, "only UNAVAILABLE carries a pushback");
+        for bad in ["-1", "", "1.5", "+3", "99999999999999"] {
+            let mut s = tonic::Status::unavailable("busy");
+            if let Ok(v) = bad.parse() {
+                s.metadata_mut().insert(RETRY_PUSHBACK_MS, v);
+            }
+            assert_eq!(retry_pushback(&s), None, "{bad:?}");
+        }
+        assert_eq!(retry_pushback(&tonic::Status::unavailable("no hint")), None);
     }
 
     #[test]

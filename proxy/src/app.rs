@@ -469,6 +469,7 @@ impl Bound {
             shutdown: shutdown.clone(),
             max_connection_age: config.agent_connections.max_age,
             connections_per_minute: config.limits.agent_connections_per_minute,
+            admission: crate::server::admission::Admission::new(&config.limits.agent_connection_accept_rate),
         };
         // Every listener: capped connections, a handshake deadline, TCP keepalive.
         let limits = ConnectionLimits {

@@ -49,6 +49,9 @@ pub use crate::modules::configuration::config::*;
 pub use crate::modules::gitops::config::*;
 pub use crate::registry::config::*;
 pub use crate::router::config::*;
+pub use crate::server::admission::{
+    AcceptRateConfig, DEFAULT_AGENT_CONNECTION_ACCEPT_BURST, DEFAULT_AGENT_CONNECTION_ACCEPT_PER_SECOND,
+};
 pub use crate::server::rest::config::*;
 pub use crate::tools::tls::TlsConfig;
 pub use crate::tools::token_bucket::RateLimitConfig;
@@ -221,6 +224,9 @@ pub struct LimitsConfig {
     /// New agent connections (presence streams) per agent per minute; across every kas when
     /// Redis is used. Tunnels do not count. More are refused with RESOURCE_EXHAUSTED.
     pub agent_connections_per_minute: u64,
+    /// New agent connections (presence streams) this kas admits per second, and at once; more
+    /// are shed with UNAVAILABLE and a retry pushback before their token is verified or counted.
+    pub agent_connection_accept_rate: AcceptRateConfig,
     /// The largest gRPC message kas accepts on its gRPC listeners (bigger: OUT_OF_RANGE).
     pub max_grpc_message_bytes: usize,
     /// The largest HTTP request header block on the rest listener (bigger: 431).
@@ -231,6 +237,7 @@ impl Default for LimitsConfig {
     fn default() -> Self {
         Self {
             agent_connections_per_minute: DEFAULT_AGENT_CONNECTIONS_PER_MINUTE,
+            agent_connection_accept_rate: AcceptRateConfig::default(),
             max_grpc_message_bytes: DEFAULT_MAX_GRPC_MESSAGE_BYTES,
             max_http_header_bytes: DEFAULT_MAX_HTTP_HEADER_BYTES,
         }
@@ -517,6 +524,11 @@ impl Config {
             ("routing.max_concurrent_requests", self.routing.max_concurrent_requests),
             ("routing.max_concurrent_requests_per_agent", self.routing.max_concurrent_requests_per_agent),
             ("limits.agent_connections_per_minute", self.limits.agent_connections_per_minute as usize),
+            (
+                "limits.agent_connection_accept_rate.per_second",
+                self.limits.agent_connection_accept_rate.per_second as usize,
+            ),
+            ("limits.agent_connection_accept_rate.burst", self.limits.agent_connection_accept_rate.burst as usize),
             ("limits.max_grpc_message_bytes", self.limits.max_grpc_message_bytes),
             ("limits.max_http_header_bytes", self.limits.max_http_header_bytes),
             (

@@ -26,6 +26,7 @@ pub const WAITING_REQUESTS: &str = "kas_waiting_requests";
 pub const BUILD_INFO: &str = "kas_build_info";
 pub const GITLAB_REQUESTS: &str = "kas_gitlab_requests_total";
 pub const AUTH_FAILURES: &str = "kas_auth_failures_total";
+pub const AGENT_CONNECTION_ADMISSIONS: &str = "kas_agent_connection_admissions_total";
 pub use crate::tunnel::TUNNELS_REUSED;
 
 /// How a routed request ended (the `outcome` label).
@@ -109,6 +110,10 @@ fn describe() {
         "Refused authentications, by listener (agent, api, rest, internal) and reason (e.g. invalid_token, \
          expired, rate_limited)"
     );
+    metrics::describe_counter!(
+        AGENT_CONNECTION_ADMISSIONS,
+        "New agent connections (presence streams) by outcome of the accept rate limit (admitted, shed)"
+    );
 }
 
 pub fn routed(method: &str, outcome: RouteOutcome, took: Duration) {
@@ -155,4 +160,10 @@ pub fn gitlab_request(outcome: &'static str) {
 /// A refused authentication; `reason` is one of a few fixed words.
 pub fn auth_failure(listener: &'static str, reason: &'static str) {
     metrics::counter!(AUTH_FAILURES, "listener" => listener, "reason" => reason).increment(1);
+}
+
+/// A new agent connection passed (`admitted`) or was shed by the accept rate limit.
+pub fn agent_connection_admission(admitted: bool) {
+    let outcome = if admitted { "admitted" } else { "shed" };
+    metrics::counter!(AGENT_CONNECTION_ADMISSIONS, "outcome" => outcome).increment(1);
 }

@@ -24,11 +24,24 @@ impl AgentAuthenticator {
     /// Verifies the agent token, unless this peer has used up its failed attempts: then it is
     /// refused at once, unverified (no GitLab request). Only failures count against the peer.
     pub async fn authenticate<T>(&self, request: &Request<T>) -> Result<AgentIdentity, Status> {
+        self.authenticate_admitted(request, || Ok(())).await
+    }
+
+    /// [`AgentAuthenticator::authenticate`], with `admit` deciding between the peer check and
+    /// the token verification whether kas takes the call at all (the accept rate of new agent
+    /// connections): a peer out of failed attempts uses up no admission, a shed call costs no
+    /// verification.
+    pub async fn authenticate_admitted<T>(
+        &self,
+        request: &Request<T>,
+        admit: impl FnOnce() -> Result<(), Status>,
+    ) -> Result<AgentIdentity, Status> {
         let peer = request.remote_addr().map(|a| a.ip());
         if let Err(e) = self.limiter.check(peer) {
             self.log.record(peer, "rate_limited");
             return Err(Status::resource_exhausted(format!("{e} (auth.failed_agent_authentications)")));
         }
+        admit()?;
         let authorization = request.metadata().get(kas_proto::metadata::AUTHORIZATION).and_then(|v| v.to_str().ok());
         let Some(token) = kas_proto::metadata::bearer_token(authorization) else {
             self.limiter.failed(peer);

@@ -14,6 +14,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::admission::Admission;
 use crate::auth::agent_auth::AgentAuthenticator;
 use crate::error::KasError;
 use crate::modules::configuration::{ConfigurationSource, is_pushed};
@@ -35,8 +36,10 @@ pub struct AgentService {
     pub shutdown: CancellationToken,
     /// Presence streams end cleanly at this age (±10% jitter).
     pub max_connection_age: Duration,
-    /// New presence streams per agent per minute (tunnels do not count).
+    /// New presence streams per agent per minute (tunnels do not count), counted once admitted.
     pub connections_per_minute: u64,
+    /// The accept rate of new presence streams on this kas (sheds before anything is verified).
+    pub admission: Admission,
     /// Failed agent-token authentications: counted, logged (rate-limited), bounded per peer.
     /// Agent tokens, with failed attempts bounded per peer (shared with the features' agent
     /// services).
@@ -72,11 +75,13 @@ impl AgentTunnel for AgentService {
         &self,
         request: Request<ConfigurationRequest>,
     ) -> Result<Response<Self::GetConfigurationStream>, Status> {
-        let agent = self.auth.authenticate(&request).await?;
+        // Shed first (no verification, not counted against the agent) when kas is at its rate.
+        let agent = self.auth.authenticate_admitted(&request, || Ok(self.admission.admit()?)).await?;
         let req = request.into_inner();
         let connection_id = ConnectionId::from_wire("connection_id", req.connection_id).map_err(KasError::from)?;
         let agent_id = agent.agent_id;
         // Only presence streams count: tunnels are opened per request and must never be limited.
+        // Only admitted ones: an agent shed while kas is busy (a failover) did nothing wrong.
         match self.registry.count_connection(agent_id, CONNECTION_RATE_WINDOW).await {
             Ok(counts) if counts.sliding_estimate() > self.connections_per_minute => {
                 return Err(Status::resource_exhausted(format!(

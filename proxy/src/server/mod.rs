@@ -1,5 +1,6 @@
 //! One file per listener.
 
+pub mod admission;
 pub mod agent;
 pub mod api;
 pub mod internal;
