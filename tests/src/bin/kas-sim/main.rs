@@ -1,15 +1,24 @@
-//! kas-sim (issue 18, first part): thousands of simulated agents in one process against real
-//! kas processes on a real Redis, and what holding them idle costs.
+//! kas-sim (issue 18): thousands of simulated agents in one process against real kas processes
+//! on a real Redis: what holding them idle costs, requests through them, and a kas dying under
+//! them.
 //!
 //! `cargo build --release -p kas --bin kas && cargo run -p kas-e2e --bin kas-sim -- --agents 1000`
-//! (flags: `--agents M --kas N --idle-tunnels K --connect-rate R --idle-secs W --kas-bin PATH
+//! (flags: `--scenario idle|failover --agents M --kas N --idle-tunnels K --connect-rate R
+//! --idle-secs W --rate Q --settle-secs S --victim-agents V --accept-rate A --accept-burst B --kas-bin PATH
 //! --out FILE`). It starts a private redis-server and N `kas --config` processes (the release
 //! binary by default) with a static agents file of M generated agents, connects M simulated
-//! agents (see `agent.rs`) round-robin over the kas at R per second, waits until the registry
-//! lists all of them, measures an idle window of W seconds, disconnects every agent and reports
-//! as Markdown.
+//! agents (see `agent.rs`) round-robin over the kas at R per second and waits until the registry
+//! lists all of them. Then:
+//!
+//! - `idle` (default): measures an idle window of W seconds (with Q requests per second through
+//!   the agents when `--rate` is given), disconnects every agent and reports as Markdown;
+//! - `failover` (`failover.rs`): after S seconds, SIGKILLs kas-0 and measures until every agent
+//!   it held is registered on another kas and served (with `--victim-agents V`, the first V
+//!   agents start on kas-0 and the others round-robin on the rest).
 
 mod agent;
+mod failover;
+mod load;
 mod proc_stats;
 
 use std::collections::HashMap;
@@ -30,7 +39,8 @@ use kas_proto::registry::{ConnectionEvent, connection_event};
 use prost::Message;
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::{Counters, SimAgent};
+use crate::agent::{Counters, Fleet, Journal, Shared, SimAgent};
+use crate::load::{Gateway, Load};
 
 const KEY_PREFIX: &str = "kas-sim";
 /// How long kas gets to log "kas listening".
@@ -39,12 +49,12 @@ const KAS_READY_WITHIN: Duration = Duration::from_secs(60);
 /// they disconnect.
 const SETTLE_WITHIN: Duration = Duration::from_secs(120);
 const POLL: Duration = Duration::from_millis(100);
+const FLAGS: &str = "--scenario idle|failover --agents M --kas N --idle-tunnels K --connect-rate R --idle-secs W \
+                     --rate Q --settle-secs S --victim-agents V --accept-rate A --accept-burst B --kas-bin PATH --out FILE";
 
 #[derive(Debug, thiserror::Error)]
 enum SimError {
-    #[error(
-        "usage: {0} (flags: --agents M --kas N --idle-tunnels K --connect-rate R --idle-secs W --kas-bin PATH --out FILE)"
-    )]
+    #[error("usage: {0} (flags: {FLAGS})")]
     Usage(String),
     #[error("{0}")]
     Setup(String),
@@ -52,41 +62,92 @@ enum SimError {
     Timeout(String),
 }
 
+/// The kas of agent number `index` (0-based) at the start.
+fn home(args: &Args, index: usize) -> usize {
+    match args.victim_agents {
+        Some(v) if index < v => 0,
+        Some(v) => 1 + (index - v) % (args.kas - 1).max(1),
+        None => index % args.kas,
+    }
+}
+
 fn setup(what: &str, e: impl std::fmt::Display) -> SimError {
     SimError::Setup(format!("{what}: {e}"))
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scenario {
+    Idle,
+    Failover,
+}
+
 struct Args {
+    scenario: Scenario,
     agents: usize,
     kas: usize,
     idle_tunnels: usize,
     connect_rate: f64,
     idle_secs: u64,
+    /// Requests per second through the agents (0: none).
+    rate: f64,
+    /// failover: seconds between every agent being registered and the kill.
+    settle_secs: u64,
+    /// failover: how many agents start on kas-0, the one killed (the others go round-robin to
+    /// the rest); default: round-robin over all kas.
+    victim_agents: Option<usize>,
+    /// kas's `limits.agent_connection_accept_rate` (its defaults when not given).
+    accept_rate: Option<u32>,
+    accept_burst: Option<u32>,
     kas_bin: PathBuf,
     out: Option<PathBuf>,
+    /// The command line as given, for the report.
+    command: String,
 }
 
 fn parse_args() -> Result<Args, SimError> {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap_or(Path::new("."));
     let mut a = Args {
+        scenario: Scenario::Idle,
         agents: 1000,
         kas: 1,
         idle_tunnels: 2,
         connect_rate: 200.0,
         idle_secs: 30,
+        rate: 0.0,
+        settle_secs: 5,
+        victim_agents: None,
+        accept_rate: None,
+        accept_burst: None,
         kas_bin: workspace.join("target/release/kas"),
         out: None,
+        command: std::env::args()
+            .skip(1)
+            .filter(|a| !a.starts_with("--out") && !a.starts_with("--kas-bin"))
+            .collect::<Vec<_>>()
+            .join(" "),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let value = it.next().ok_or_else(|| SimError::Usage(format!("{flag} needs a value")))?;
         let bad = |e: &dyn std::fmt::Display| SimError::Usage(format!("{flag} {value}: {e}"));
         match flag.as_str() {
+            "--scenario" => {
+                a.scenario = match value.as_str() {
+                    "idle" => Scenario::Idle,
+                    "failover" => Scenario::Failover,
+                    other => return Err(bad(&format!("unknown scenario {other} (idle or failover)"))),
+                }
+            }
             "--agents" => a.agents = value.parse().map_err(|e| bad(&e))?,
             "--kas" => a.kas = value.parse().map_err(|e| bad(&e))?,
             "--idle-tunnels" => a.idle_tunnels = value.parse().map_err(|e| bad(&e))?,
             "--connect-rate" => a.connect_rate = value.parse().map_err(|e| bad(&e))?,
             "--idle-secs" => a.idle_secs = value.parse().map_err(|e| bad(&e))?,
+            "--rate" => a.rate = value.parse().map_err(|e| bad(&e))?,
+            "--settle-secs" => a.settle_secs = value.parse().map_err(|e| bad(&e))?,
+            "--victim-agents" => a.victim_agents = Some(value.parse().map_err(|e| bad(&e))?),
+            "--accept-rate" => a.accept_rate = Some(value.parse().map_err(|e| bad(&e))?),
+            "--accept-burst" => a.accept_burst = Some(value.parse().map_err(|e| bad(&e))?),
             "--kas-bin" => a.kas_bin = value.into(),
             "--out" => a.out = Some(value.into()),
             other => return Err(SimError::Usage(format!("unknown flag {other}"))),
@@ -94,6 +155,15 @@ fn parse_args() -> Result<Args, SimError> {
     }
     if a.agents == 0 || a.kas == 0 || a.idle_secs == 0 || a.connect_rate.is_nan() || a.connect_rate <= 0.0 {
         return Err(SimError::Usage("--agents, --kas, --idle-secs and --connect-rate must be > 0".into()));
+    }
+    if a.rate.is_nan() || a.rate < 0.0 {
+        return Err(SimError::Usage("--rate must be >= 0".into()));
+    }
+    if a.scenario == Scenario::Failover && a.kas < 2 {
+        return Err(SimError::Usage("--scenario failover needs --kas 2 or more (one is killed)".into()));
+    }
+    if a.victim_agents.is_some_and(|n| n > a.agents) {
+        return Err(SimError::Usage("--victim-agents must be at most --agents".into()));
     }
     if !a.kas_bin.is_file() {
         return Err(SimError::Usage(format!(
@@ -105,14 +175,25 @@ fn parse_args() -> Result<Args, SimError> {
 }
 
 /// A kas child process, killed on drop.
-struct KasProc {
+pub struct KasProc {
     child: Child,
     agent_address: String,
+    rest_address: String,
+    /// Its registry instance id (what its records and heartbeat key name).
+    instance_id: String,
+    killed: bool,
 }
 
 impl KasProc {
     fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// SIGKILL, as a crashed node or an OOM kill: no drain, no goodbye to the registry.
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.killed = true;
     }
 }
 
@@ -155,15 +236,18 @@ fn start_kas(bin: &Path, config: &kas::Config, dir: &Path, index: usize) -> Resu
             if !sent
                 && let Ok(v) = serde_json::from_str::<serde_json::Value>(&line)
                 && v["fields"]["message"] == "kas listening"
-                && let Some(agent) = v["fields"]["agent"].as_str()
+                && let (Some(agent), Some(rest), Some(id)) =
+                    (v["fields"]["agent"].as_str(), v["fields"]["rest"].as_str(), v["fields"]["kas"].as_str())
             {
-                let _ = tx.send(agent.to_owned());
+                let _ = tx.send((agent.to_owned(), rest.to_owned(), id.to_owned()));
                 sent = true;
             }
         }
     });
     match rx.recv_timeout(KAS_READY_WITHIN) {
-        Ok(agent_address) => Ok(KasProc { child, agent_address }),
+        Ok((agent_address, rest_address, instance_id)) => {
+            Ok(KasProc { child, agent_address, rest_address, instance_id, killed: false })
+        }
         Err(_) => {
             let _ = child.kill();
             Err(SimError::Timeout(format!("kas-{index} did not log \"kas listening\" within {KAS_READY_WITHIN:?}")))
@@ -171,9 +255,9 @@ fn start_kas(bin: &Path, config: &kas::Config, dir: &Path, index: usize) -> Resu
     }
 }
 
-/// Fields of `INFO <section>` as numbers.
-async fn redis_info(redis: &RedisServer, section: &str) -> HashMap<String, f64> {
-    let text: String = redis.query(redis::cmd("INFO").arg(section)).await;
+/// Fields of `INFO <sections>` as numbers.
+async fn redis_info(conn: &mut redis::aio::MultiplexedConnection, sections: &[&str]) -> HashMap<String, f64> {
+    let text: String = redis::cmd("INFO").arg(sections).query_async(conn).await.unwrap_or_default();
     text.lines()
         .filter_map(|l| l.split_once(':'))
         .filter_map(|(k, v)| v.trim().parse::<f64>().ok().map(|v| (k.to_owned(), v)))
@@ -181,27 +265,29 @@ async fn redis_info(redis: &RedisServer, section: &str) -> HashMap<String, f64> 
 }
 
 #[derive(Clone, Copy)]
-struct RedisSample {
+pub struct RedisSample {
+    at: Instant,
     used_memory: f64,
     commands: f64,
     cpu_seconds: f64,
 }
 
-async fn redis_sample(redis: &RedisServer) -> RedisSample {
-    let memory = redis_info(redis, "memory").await;
-    let stats = redis_info(redis, "stats").await;
-    let cpu = redis_info(redis, "cpu").await;
-    let get = |m: &HashMap<String, f64>, k: &str| m.get(k).copied().unwrap_or(0.0);
+/// One `INFO memory stats cpu` (one command: the sampling adds one command per sample).
+async fn redis_sample(conn: &mut redis::aio::MultiplexedConnection) -> RedisSample {
+    let info = redis_info(conn, &["memory", "stats", "cpu"]).await;
+    let get = |k: &str| info.get(k).copied().unwrap_or(0.0);
     RedisSample {
-        used_memory: get(&memory, "used_memory"),
-        commands: get(&stats, "total_commands_processed"),
-        cpu_seconds: get(&cpu, "used_cpu_sys") + get(&cpu, "used_cpu_user"),
+        at: Instant::now(),
+        used_memory: get("used_memory"),
+        commands: get("total_commands_processed"),
+        cpu_seconds: get("used_cpu_sys") + get("used_cpu_user"),
     }
 }
 
 /// Agents with at least one connection record (`<prefix>:agent:<id>` hashes).
-async fn registered_agents(redis: &RedisServer) -> usize {
-    let keys: Vec<String> = redis.query(redis::cmd("KEYS").arg(format!("{KEY_PREFIX}:agent:*"))).await;
+async fn registered_agents(conn: &mut redis::aio::MultiplexedConnection) -> usize {
+    let keys: Vec<String> =
+        redis::cmd("KEYS").arg(format!("{KEY_PREFIX}:agent:*")).query_async(conn).await.unwrap_or_default();
     keys.len()
 }
 
@@ -220,7 +306,7 @@ fn kas_sample(pid: u32) -> KasSample {
     }
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
     }
@@ -228,7 +314,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[idx.min(sorted.len() - 1)]
 }
 
-fn ms(d: Duration) -> String {
+pub fn ms(d: Duration) -> String {
     format!("{:.1}", d.as_secs_f64() * 1000.0)
 }
 
@@ -281,7 +367,11 @@ async fn main() {
             std::process::exit(2);
         }
     };
-    match run(&args).await {
+    let result = match args.scenario {
+        Scenario::Idle => run_idle(&args).await,
+        Scenario::Failover => failover::run(&args).await,
+    };
+    match result {
         Ok(report) => {
             print!("{report}");
             if let Some(out) = &args.out {
@@ -301,14 +391,45 @@ async fn main() {
     }
 }
 
-async fn run(args: &Args) -> Result<String, SimError> {
+/// Every `Connected` event kas published, per agent: when the simulator received it and the
+/// kas instance that registered the connection (kas publishes it in the same transaction that
+/// writes the record, so an event received means the registry lists the connection).
+pub type Registrations = Arc<Mutex<HashMap<i64, Vec<(Instant, String)>>>>;
+
+/// The running simulation: Redis, the kas processes, and M agents connected and registered.
+pub struct Sim {
+    /// First, so that kas stops before Redis does (fields drop in order).
+    kas: Vec<KasProc>,
+    _dir: tempfile::TempDir,
+    redis: RedisServer,
+    /// The simulator's own Redis connection (sampling, counting keys).
+    conn: redis::aio::MultiplexedConnection,
+    fleet: Arc<Fleet>,
+    gateway: Arc<Gateway>,
+    shared: Shared,
+    registrations: Registrations,
+    events: tokio::task::JoinHandle<()>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Connect-to-registered latencies of the first connections, sorted.
+    latencies: Vec<Duration>,
+    ramp: Duration,
+    all_registered: Duration,
+    tunnels_at_start: u64,
+    before: Vec<KasSample>,
+    redis_before: RedisSample,
+    sim_rss_before: u64,
+}
+
+/// Starts Redis and the kas processes, connects every agent and waits until all are registered
+/// with their idle tunnels open.
+async fn start(args: &Args) -> Result<Sim, SimError> {
     // One socket per simulated agent here, one per agent in each kas (kas raises its own).
     let fd_limit = kas::server::listen::raise_fd_limit().unwrap_or(0);
-    if fd_limit < args.agents as u64 + 256 {
+    if fd_limit < args.agents as u64 + 512 {
         return Err(SimError::Setup(format!(
             "the open file limit is {fd_limit}: {} agents need at least {} (raise the hard limit: ulimit -Hn)",
             args.agents,
-            args.agents + 256
+            args.agents + 512
         )));
     }
     let dir = tempfile::tempdir().map_err(|e| setup("temporary directory", e))?;
@@ -340,20 +461,37 @@ async fn run(args: &Args) -> Result<String, SimError> {
     redis_config.key_prefix = KEY_PREFIX.to_owned();
     config.registry.redis = Some(redis_config);
     // The default cap derives from the fd limit; the simulation wants every agent accepted.
-    config.connections.max_per_listener = Some(args.agents + 256);
+    config.connections.max_per_listener = Some(args.agents + 512);
+    if let Some(rate) = args.accept_rate {
+        config.limits.agent_connection_accept_rate.per_second = rate;
+    }
+    if let Some(burst) = args.accept_burst {
+        config.limits.agent_connection_accept_rate.burst = burst;
+    }
     let mut kas = Vec::with_capacity(args.kas);
     for i in 0..args.kas {
         kas.push(start_kas(&args.kas_bin, &config, dir.path(), i)?);
     }
-    let ticks_per_second = proc_stats::clock_ticks_per_second();
+    let fleet = Arc::new(Fleet::new(kas.iter().map(|k| k.agent_address.clone()).collect()));
+    let secret = kas::auth::Secret::from_file(&dev.gitlab_secret_file).map_err(|e| setup("gitlab secret", e))?;
+    let jwt = kas::auth::mint_jwt(
+        &secret,
+        kas::auth::jwt::GITLAB_ISSUER,
+        kas::auth::jwt::KAS_AUDIENCE,
+        Duration::from_secs(3600),
+    )
+    .map_err(|e| setup("jwt", e))?;
+    let gateway = Arc::new(
+        Gateway::new(kas.iter().map(|k| format!("http://{}", k.rest_address)).collect(), fleet.clone(), jwt)
+            .map_err(|e| setup("http client", e))?,
+    );
 
-    // Registration times: the Connected events kas publishes in the same transaction that
-    // writes the record, so an event received means the registry lists the connection.
     let client = redis::Client::open(format!("unix://{}", redis.socket().display())).map_err(|e| setup("redis", e))?;
+    let mut conn = client.get_multiplexed_async_connection().await.map_err(|e| setup("redis connection", e))?;
     let mut pubsub = client.get_async_pubsub().await.map_err(|e| setup("redis pubsub", e))?;
     pubsub.subscribe(format!("{KEY_PREFIX}:events")).await.map_err(|e| setup("subscribe", e))?;
-    let registered_at: Arc<Mutex<HashMap<i64, Instant>>> = Arc::default();
-    let sink = registered_at.clone();
+    let registrations: Registrations = Arc::default();
+    let sink = registrations.clone();
     let events = tokio::spawn(async move {
         let mut messages = pubsub.into_on_message();
         while let Some(msg) = messages.next().await {
@@ -361,31 +499,34 @@ async fn run(args: &Args) -> Result<String, SimError> {
             if let Ok(event) = ConnectionEvent::decode(msg.get_payload_bytes())
                 && event.kind() == connection_event::Kind::Connected
             {
-                sink.lock().unwrap_or_else(PoisonError::into_inner).entry(event.agent_id).or_insert(now);
+                let mut map = sink.lock().unwrap_or_else(PoisonError::into_inner);
+                map.entry(event.agent_id).or_default().push((now, event.kas_instance_id));
             }
         }
     });
 
     // Settle, then the baseline with no agent.
     let before: Vec<KasSample> = kas.iter().map(|k| kas_sample(k.pid())).collect();
-    let redis_before = redis_sample(&redis).await;
+    let redis_before = redis_sample(&mut conn).await;
     let sim_rss_before = proc_stats::rss_kib(std::process::id()).unwrap_or(0);
 
-    let counters = Arc::new(Counters::default());
-    let stop = CancellationToken::new();
+    let shared = Shared {
+        fleet: fleet.clone(),
+        counters: Arc::new(Counters::default()),
+        journal: Arc::new(Journal::default()),
+        stop: CancellationToken::new(),
+    };
     let started_at: Arc<Mutex<HashMap<i64, Instant>>> = Arc::default();
     let ramp_start = Instant::now();
     let mut tasks = Vec::with_capacity(args.agents);
-    let interval = Duration::from_secs_f64(1.0 / args.connect_rate);
-    let mut pace = tokio::time::interval(interval);
+    let mut pace = tokio::time::interval(Duration::from_secs_f64(1.0 / args.connect_rate));
     pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
     for (i, token) in tokens.into_iter().enumerate() {
         pace.tick().await;
         let id = i as i64 + 1;
-        let sim =
-            SimAgent { id, token, address: kas[i % kas.len()].agent_address.clone(), idle_tunnels: args.idle_tunnels };
+        let sim = SimAgent { id, token, home: home(args, i), idle_tunnels: args.idle_tunnels };
         let started = started_at.clone();
-        tasks.push(tokio::spawn(agent::run(sim, counters.clone(), stop.clone(), move |t| {
+        tasks.push(tokio::spawn(agent::run(sim, shared.clone(), move |t| {
             started.lock().unwrap_or_else(PoisonError::into_inner).insert(id, t);
         })));
     }
@@ -394,12 +535,12 @@ async fn run(args: &Args) -> Result<String, SimError> {
     // Wait until every agent is registered (events) and the registry holds every agent key.
     let deadline = Instant::now() + SETTLE_WITHIN;
     loop {
-        let events_seen = registered_at.lock().unwrap_or_else(PoisonError::into_inner).len();
-        if events_seen >= args.agents && registered_agents(&redis).await >= args.agents {
+        let events_seen = registrations.lock().unwrap_or_else(PoisonError::into_inner).len();
+        if events_seen >= args.agents && registered_agents(&mut conn).await >= args.agents {
             break;
         }
         if Instant::now() > deadline {
-            stop.cancel();
+            shared.stop.cancel();
             return Err(SimError::Timeout(format!(
                 "{events_seen} of {} agents registered {SETTLE_WITHIN:?} after the last started",
                 args.agents
@@ -411,32 +552,108 @@ async fn run(args: &Args) -> Result<String, SimError> {
     // Idle tunnels are opened right after presence: wait until all of them are open too.
     let want_tunnels = (args.agents * args.idle_tunnels) as u64;
     let deadline = Instant::now() + SETTLE_WITHIN;
-    while counters.tunnels_open.load(Ordering::Relaxed) < want_tunnels {
+    while shared.counters.tunnels_open.load(Ordering::Relaxed) < want_tunnels {
         if Instant::now() > deadline {
             break;
         }
         tokio::time::sleep(POLL).await;
     }
-    let tunnels_at_start = counters.tunnels_open.load(Ordering::Relaxed);
+    let tunnels_at_start = shared.counters.tunnels_open.load(Ordering::Relaxed);
 
     let mut latencies: Vec<Duration> = {
         let started = started_at.lock().unwrap_or_else(PoisonError::into_inner);
-        let registered = registered_at.lock().unwrap_or_else(PoisonError::into_inner);
-        started.iter().filter_map(|(id, s)| registered.get(id).map(|r| r.saturating_duration_since(*s))).collect()
+        let registered = registrations.lock().unwrap_or_else(PoisonError::into_inner);
+        started
+            .iter()
+            .filter_map(|(id, s)| {
+                registered.get(id).and_then(|r| r.first()).map(|(r, _)| r.saturating_duration_since(*s))
+            })
+            .collect()
     };
     latencies.sort();
+    Ok(Sim {
+        kas,
+        _dir: dir,
+        redis,
+        conn,
+        fleet,
+        gateway,
+        shared,
+        registrations,
+        events,
+        tasks,
+        latencies,
+        ramp,
+        all_registered,
+        tunnels_at_start,
+        before,
+        redis_before,
+        sim_rss_before,
+    })
+}
 
-    // The idle window.
+/// The first line of every report: what ran, where, on what.
+fn run_line(args: &Args) -> String {
+    let commit = command_output(
+        "git",
+        &["describe", "--always", "--dirty", "--abbrev=7"],
+        Path::new(env!("CARGO_MANIFEST_DIR")).parent(),
+    );
+    let date = command_output("date", &["-u", "+%Y-%m-%d %H:%M UTC"], None);
+    let redis_version = command_output("redis-server", &["--version"], None);
+    let redis_version = redis_version.split_whitespace().nth(2).unwrap_or_default().to_owned();
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let kernel = command_output("uname", &["-sr"], None);
+    format!(
+        "Run: `kas-sim {}` · {date} · commit `{commit}` · {cpus} CPUs (shared machine), {kernel} · kas `{}` · \
+         redis-server {redis_version} on a unix socket · agents over loopback TCP, plain HTTP/2 (no TLS)\n",
+        args.command,
+        args.kas_bin.display()
+    )
+}
+
+/// The request line of a report: how many, latency, failures.
+fn requests_line(what: &str, s: &load::Summary, seconds: f64) -> String {
+    format!(
+        "| {what} | {} ({:.0}/s) | {} | {} | {} | {} | {} |",
+        s.sent,
+        s.sent as f64 / seconds.max(0.001),
+        s.ok,
+        ms(s.p50),
+        ms(s.p99),
+        ms(s.max),
+        s.failures()
+    )
+}
+
+const REQUESTS_HEADER: &str =
+    "| requests | sent | 200 | p50 (ms) | p99 (ms) | max (ms) | failed |\n| --- | --- | --- | --- | --- | --- | --- |";
+
+async fn run_idle(args: &Args) -> Result<String, SimError> {
+    let mut sim = start(args).await?;
+    let load = Arc::new(Load::default());
+    let stop_load = CancellationToken::new();
+    let load_task = (args.rate > 0.0)
+        .then(|| tokio::spawn(load.clone().run(sim.gateway.clone(), args.rate, args.agents, stop_load.clone())));
+
+    // The idle window (with requests, if asked).
+    let counters = sim.shared.counters.clone();
     let reopened_before = counters.tunnels_reopened.load(Ordering::Relaxed);
     let failures_before = counters.failures.load(Ordering::Relaxed);
-    let idle_start: Vec<KasSample> = kas.iter().map(|k| kas_sample(k.pid())).collect();
-    let redis_idle_start = redis_sample(&redis).await;
+    let idle_start: Vec<KasSample> = sim.kas.iter().map(|k| kas_sample(k.pid())).collect();
+    let redis_idle_start = redis_sample(&mut sim.conn).await;
     let window_start = Instant::now();
     tokio::time::sleep(Duration::from_secs(args.idle_secs)).await;
-    let window = window_start.elapsed().as_secs_f64();
-    let idle_end: Vec<KasSample> = kas.iter().map(|k| kas_sample(k.pid())).collect();
-    let redis_idle_end = redis_sample(&redis).await;
+    let window_end = Instant::now();
+    let window = window_end.duration_since(window_start).as_secs_f64();
+    let idle_end: Vec<KasSample> = sim.kas.iter().map(|k| kas_sample(k.pid())).collect();
+    let redis_idle_end = redis_sample(&mut sim.conn).await;
     let sim_rss_idle = proc_stats::rss_kib(std::process::id()).unwrap_or(0);
+    stop_load.cancel();
+    if let Some(t) = load_task {
+        let _ = t.await;
+    }
+    let requests = load::summarize(&load.between(window_start, window_end));
     let reopened = counters.tunnels_reopened.load(Ordering::Relaxed) - reopened_before;
     let failures_in_window = counters.failures.load(Ordering::Relaxed) - failures_before;
     let tunnels_at_end = counters.tunnels_open.load(Ordering::Relaxed);
@@ -444,15 +661,15 @@ async fn run(args: &Args) -> Result<String, SimError> {
 
     // Everyone leaves; wait until the registry is empty and kas closed the sockets.
     let leave_start = Instant::now();
-    stop.cancel();
-    for t in tasks {
+    sim.shared.stop.cancel();
+    for t in std::mem::take(&mut sim.tasks) {
         let _ = t.await;
     }
     let deadline = Instant::now() + SETTLE_WITHIN;
     let mut left_in_time = true;
     loop {
-        let fds_back = kas.iter().zip(&before).all(|(k, b)| kas_sample(k.pid()).fds <= b.fds + 8);
-        if fds_back && registered_agents(&redis).await == 0 {
+        let fds_back = sim.kas.iter().zip(&sim.before).all(|(k, b)| kas_sample(k.pid()).fds <= b.fds + 8);
+        if fds_back && registered_agents(&mut sim.conn).await == 0 {
             break;
         }
         if Instant::now() > deadline {
@@ -462,44 +679,32 @@ async fn run(args: &Args) -> Result<String, SimError> {
         tokio::time::sleep(POLL).await;
     }
     let all_left = leave_start.elapsed();
-    let after: Vec<KasSample> = kas.iter().map(|k| kas_sample(k.pid())).collect();
-    let redis_after = redis_sample(&redis).await;
-    events.abort();
+    let after: Vec<KasSample> = sim.kas.iter().map(|k| kas_sample(k.pid())).collect();
+    let redis_after = redis_sample(&mut sim.conn).await;
+    sim.events.abort();
 
-    let (refresh_ms, gc_ms) = refresh_and_gc(&redis, args.agents).await?;
-    drop(kas);
+    let (refresh_ms, gc_ms) = refresh_and_gc(&sim.redis, args.agents).await?;
+    let ticks_per_second = proc_stats::clock_ticks_per_second();
 
     // The report.
     let mut r = String::new();
-    let commit = command_output(
-        "git",
-        &["describe", "--always", "--dirty", "--abbrev=7"],
-        Path::new(env!("CARGO_MANIFEST_DIR")).parent(),
-    );
-    let date = command_output("date", &["-u", "+%Y-%m-%d %H:%M UTC"], None);
-    let redis_version = command_output("redis-server", &["--version"], None);
-    let redis_version = redis_version.split_whitespace().nth(2).unwrap_or_default();
-    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
-    let kernel = command_output("uname", &["-sr"], None);
     let _ = writeln!(
         r,
-        "### {} agents, {} kas, {} idle tunnels each\n\nRun: `kas-sim --agents {} --kas {} --idle-tunnels {} --connect-rate {} --idle-secs {}` · {date} · commit `{commit}` · {cpus} CPUs (shared machine), {kernel} · kas `{}` · redis-server {redis_version} on a unix socket · agents over loopback TCP, plain HTTP/2 (no TLS)\n",
+        "### {} agents, {} kas, {} idle tunnels each{}\n\n{}",
         args.agents,
         args.kas,
         args.idle_tunnels,
-        args.agents,
-        args.kas,
-        args.idle_tunnels,
-        args.connect_rate,
-        args.idle_secs,
-        args.kas_bin.display()
+        if args.rate > 0.0 { format!(", {} requests/s", args.rate) } else { String::new() },
+        run_line(args)
     );
+    let want_tunnels = args.agents * args.idle_tunnels;
     let _ = writeln!(
         r,
-        "Ramp: {} agents started in {:.1} s; all registered {:.1} s after the first started. Idle tunnels open at the window's start: {tunnels_at_start} of {want_tunnels}, at its end: {tunnels_at_end}; presence streams open at its end: {presence_at_end}. Idle window {window:.1} s: {reopened} tunnels reopened after kas closed them idle, {failures_in_window} failed connections or streams (all run: {}).\n",
+        "Ramp: {} agents started in {:.1} s; all registered {:.1} s after the first started. Idle tunnels open at the window's start: {} of {want_tunnels}, at its end: {tunnels_at_end}; presence streams open at its end: {presence_at_end}. Window {window:.1} s: {reopened} tunnels reopened after kas closed them idle, {failures_in_window} failed connections or streams (all run: {}).\n",
         args.agents,
-        ramp.as_secs_f64(),
-        all_registered.as_secs_f64(),
+        sim.ramp.as_secs_f64(),
+        sim.all_registered.as_secs_f64(),
+        sim.tunnels_at_start,
         counters.failures.load(Ordering::Relaxed),
     );
     let _ = writeln!(
@@ -508,8 +713,8 @@ async fn run(args: &Args) -> Result<String, SimError> {
     );
     let _ = writeln!(r, "| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     for i in 0..args.kas {
-        let n = (args.agents / args.kas + usize::from(i < args.agents % args.kas)) as f64;
-        let (b, s, e, a) = (before[i], idle_start[i], idle_end[i], after[i]);
+        let n = (0..args.agents).filter(|&a| home(args, a) == i).count().max(1) as f64;
+        let (b, s, e, a) = (sim.before[i], idle_start[i], idle_end[i], after[i]);
         let per_agent_kib = (e.rss_kib as f64 - b.rss_kib as f64) / n;
         let cpu_s = e.cpu_ticks.saturating_sub(s.cpu_ticks) as f64 / ticks_per_second;
         let cpu_per_min_per_1000 = cpu_s * (60.0 / window) * (1000.0 / n);
@@ -525,7 +730,7 @@ async fn run(args: &Args) -> Result<String, SimError> {
         );
     }
     let m = args.agents as f64;
-    let mem_per_agent = (redis_idle_end.used_memory - redis_before.used_memory) / m;
+    let mem_per_agent = (redis_idle_end.used_memory - sim.redis_before.used_memory) / m;
     let cmds_per_s = (redis_idle_end.commands - redis_idle_start.commands) / window;
     let redis_cpu = (redis_idle_end.cpu_seconds - redis_idle_start.cpu_seconds) / window;
     let _ = writeln!(r);
@@ -533,19 +738,28 @@ async fn run(args: &Args) -> Result<String, SimError> {
     let _ = writeln!(
         r,
         "| used_memory before / idle / after all left (MiB) | {:.2} / {:.2} / {:.2} |",
-        redis_before.used_memory / 1048576.0,
+        sim.redis_before.used_memory / 1048576.0,
         redis_idle_end.used_memory / 1048576.0,
         redis_after.used_memory / 1048576.0
     );
     let _ = writeln!(r, "| used_memory per agent (bytes) | {mem_per_agent:.0} |");
-    let _ = writeln!(r, "| commands/s during the idle window (all) | {cmds_per_s:.2} |");
-    let _ = writeln!(r, "| commands/s per 1,000 idle agents | {:.2} |", cmds_per_s * 1000.0 / m);
-    let _ =
-        writeln!(r, "| CPU (used_cpu_user + sys) during the idle window, % of one core | {:.2} |", redis_cpu * 100.0);
+    let _ = writeln!(r, "| commands/s during the window (all) | {cmds_per_s:.2} |");
+    let _ = writeln!(r, "| commands/s per 1,000 agents | {:.2} |", cmds_per_s * 1000.0 / m);
+    let _ = writeln!(r, "| CPU (used_cpu_user + sys) during the window, % of one core | {:.2} |", redis_cpu * 100.0);
     let _ = writeln!(r);
+    if args.rate > 0.0 {
+        let _ = writeln!(
+            r,
+            "Requests: `GET /api/v1/agents/<random agent>/kubernetes/api/v1/namespaces/default/pods/sim` on a random kas's rest listener (GitLab JWT), answered by the agent's tunnel with a 200 and a small JSON body (about 70 bytes); {} answered by the simulated agents over the whole run.\n",
+            counters.requests_served.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(r, "{REQUESTS_HEADER}");
+        let _ = writeln!(r, "{}\n", requests_line("during the window", &requests, window));
+    }
+    let latencies = &sim.latencies;
     let _ = writeln!(r, "| latency / timing | value |\n| --- | --- |");
-    let _ = writeln!(r, "| connect-to-registered p50 (ms) | {} |", ms(percentile(&latencies, 0.5)));
-    let _ = writeln!(r, "| connect-to-registered p99 (ms) | {} |", ms(percentile(&latencies, 0.99)));
+    let _ = writeln!(r, "| connect-to-registered p50 (ms) | {} |", ms(percentile(latencies, 0.5)));
+    let _ = writeln!(r, "| connect-to-registered p99 (ms) | {} |", ms(percentile(latencies, 0.99)));
     let _ = writeln!(r, "| connect-to-registered max (ms) | {} |", ms(latencies.last().copied().unwrap_or_default()));
     let _ = writeln!(
         r,
@@ -562,7 +776,7 @@ async fn run(args: &Args) -> Result<String, SimError> {
     let _ = writeln!(
         r,
         "| simulator RSS before / idle (MiB) | {:.1} / {:.1} |\n",
-        sim_rss_before as f64 / 1024.0,
+        sim.sim_rss_before as f64 / 1024.0,
         sim_rss_idle as f64 / 1024.0
     );
     Ok(r)
