@@ -292,14 +292,14 @@ impl App {
             },
         };
 
-        async fn bind(listener: &'static str, address: SocketAddr) -> Result<TcpListener, AppError> {
-            TcpListener::bind(address).await.map_err(|source| AppError::Bind { listener, address, source })
+        fn bind(listener: &'static str, address: SocketAddr) -> Result<TcpListener, AppError> {
+            listen::bind(address).map_err(|source| AppError::Bind { listener, address, source })
         }
-        let agent = bind("agent", Config::listener_address(&config.listeners.agent)).await?;
-        let api = bind("api", Config::listener_address(&config.listeners.api)).await?;
-        let internal = bind("internal", Config::listener_address(&config.listeners.internal)).await?;
-        let rest = bind("rest", Config::listener_address(&config.listeners.rest)).await?;
-        let observability = bind("observability", Config::listener_address(&config.listeners.observability)).await?;
+        let agent = bind("agent", Config::listener_address(&config.listeners.agent))?;
+        let api = bind("api", Config::listener_address(&config.listeners.api))?;
+        let internal = bind("internal", Config::listener_address(&config.listeners.internal))?;
+        let rest = bind("rest", Config::listener_address(&config.listeners.rest))?;
+        let observability = bind("observability", Config::listener_address(&config.listeners.observability))?;
         let local = |l: &TcpListener, name: &'static str| {
             l.local_addr().map_err(|source| AppError::Bind {
                 listener: name,

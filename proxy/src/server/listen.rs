@@ -35,6 +35,22 @@ pub const FALLBACK_MAX_CONNECTIONS: usize = 1024;
 /// when every external listener is flooded.
 pub const OBSERVABILITY_MAX_CONNECTIONS: usize = 128;
 
+/// Connections a listener's kernel accept queue holds: as many as the kernel allows (it caps
+/// the value at `net.core.somaxconn`, 4096 by default since Linux 5.4). tokio's own default, 1024,
+/// overflowed when a kas died and 5,000 agents reconnected to each survivor within 200 ms: the
+/// kernel dropped their handshakes and they came back only after TCP's 1, 3, 7 s retransmissions
+/// (docs/scale.md, "Failover").
+pub const LISTEN_BACKLOG: u32 = 65_535;
+
+/// A listening socket on `address` with [`LISTEN_BACKLOG`] (and `SO_REUSEADDR`, as tokio's
+/// `TcpListener::bind` sets it, so a restarted kas can bind while old connections linger).
+pub fn bind(address: std::net::SocketAddr) -> io::Result<TcpListener> {
+    let socket = if address.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    socket.set_reuseaddr(true)?;
+    socket.bind(address)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 /// The HTTP/2 client connection preface (RFC 9113 §3.4).
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
@@ -392,6 +408,28 @@ mod tests {
         assert_eq!(after(&[&H2_PREFACE[..10]]), Handshake::Preface(10));
         // An empty SETTINGS frame completes it too.
         assert_eq!(after(&[H2_PREFACE, &[0, 0, 0, 4, 0, 0, 0, 0, 0]]), Handshake::Complete);
+    }
+
+    /// A burst of connections larger than tokio's default backlog (1024) waits in the accept
+    /// queue instead of having its handshakes dropped (the client would retry only after 1 s).
+    #[tokio::test]
+    async fn connections_beyond_1024_wait_in_the_accept_queue() {
+        let somaxconn: u32 = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .expect("/proc/sys/net/core/somaxconn");
+        assert!(somaxconn > 1100, "net.core.somaxconn is {somaxconn}: this test needs more than 1100");
+        let listener = bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let address = listener.local_addr().unwrap();
+        // Never accepted: each connect completes only while the accept queue has room.
+        let n = 1100;
+        let held: Vec<std::net::TcpStream> = (0..n)
+            .map(|i| {
+                std::net::TcpStream::connect_timeout(&address, Duration::from_millis(500))
+                    .unwrap_or_else(|e| panic!("connection {i} of {n} not queued: {e}"))
+            })
+            .collect();
+        assert_eq!(held.len(), n);
     }
 
     #[test]
