@@ -105,11 +105,20 @@ pub struct Attempt {
     pub outcome: Outcome,
 }
 
-/// Every attempt of every agent, in order.
+/// Every attempt of every agent, in order, and when each agent saw a connection fail.
 #[derive(Default)]
-pub struct Journal(Mutex<Vec<Attempt>>);
+pub struct Journal(Mutex<Vec<Attempt>>, Mutex<Vec<(i64, Instant)>>);
 
 impl Journal {
+    fn lost(&self, agent: i64) {
+        self.1.lock().unwrap_or_else(PoisonError::into_inner).push((agent, Instant::now()));
+    }
+
+    /// When agents saw their presence stream fail (not a shed), in order.
+    pub fn losses(&self) -> Vec<(i64, Instant)> {
+        self.1.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
     fn record(&self, agent: i64, kas: usize, times: (Instant, Instant), outcome: Outcome) {
         let attempt = Attempt { agent, kas, began: times.0, called: times.1, at: Instant::now(), outcome };
         self.0.lock().unwrap_or_else(PoisonError::into_inner).push(attempt);
@@ -197,6 +206,9 @@ pub async fn run(agent: SimAgent, shared: Shared, started: impl FnOnce(Instant))
         };
         let ended = session(&agent, kas, channel.clone(), &shared, began).await;
         let pushback = ended.as_ref().err().and_then(kas_proto::metadata::retry_pushback);
+        if ended.is_err() && pushback.is_none() {
+            shared.journal.lost(agent.id);
+        }
         if pushback.is_some() {
             // Shed by kas: the connection is fine and the retry goes to the same kas, as
             // agentk's channel would.

@@ -75,8 +75,10 @@ pub async fn run(args: &Args) -> Result<String, SimError> {
         let (mut conn, samples, stop) = (sim.conn.clone(), redis_samples.clone(), sampling.clone());
         tokio::spawn(async move {
             while !stop.is_cancelled() {
-                let s = redis_sample(&mut conn).await;
-                samples.lock().unwrap_or_else(PoisonError::into_inner).push(s);
+                match redis_sample(&mut conn).await {
+                    Ok(s) => samples.lock().unwrap_or_else(PoisonError::into_inner).push(s),
+                    Err(e) => eprintln!("redis INFO failed: {e}"),
+                }
                 tokio::time::sleep(SAMPLE_EVERY).await;
             }
         })
@@ -96,6 +98,12 @@ pub async fn run(args: &Args) -> Result<String, SimError> {
     // The load balancer stops sending to it at once; what was in flight on it is lost.
     sim.fleet.alive[VICTIM].store(false, Ordering::Relaxed);
     let tcp_at_kill = (proc_stats::tcp_ext("ListenOverflows"), proc_stats::tcp_ext("TCPSynRetrans"));
+    let metrics_client = reqwest::Client::new();
+    let survivors: Vec<usize> = (0..sim.kas.len()).filter(|i| *i != VICTIM).collect();
+    let mut metrics_at_kill = Vec::new();
+    for &i in &survivors {
+        metrics_at_kill.push(scrape(&metrics_client, &sim.kas[i].observability_address).await);
+    }
     let kill_at = Instant::now();
     sim.kas[VICTIM].kill();
 
@@ -105,7 +113,7 @@ pub async fn run(args: &Args) -> Result<String, SimError> {
         let mut conn = sim.conn.clone();
         let key = heartbeat_key.clone();
         tokio::spawn(async move {
-            let ttl_ms: i64 = redis::cmd("PTTL").arg(&key).query_async(&mut conn).await.unwrap_or(-3);
+            let ttl_ms: Option<i64> = redis::cmd("PTTL").arg(&key).query_async(&mut conn).await.ok();
             loop {
                 let exists: bool = redis::cmd("EXISTS").arg(&key).query_async(&mut conn).await.unwrap_or(true);
                 if !exists || kill_at.elapsed() > FAILOVER_WITHIN {
@@ -121,22 +129,31 @@ pub async fn run(args: &Args) -> Result<String, SimError> {
     let mut registered: HashMap<i64, Instant> = HashMap::new();
     let deadline = kill_at + FAILOVER_WITHIN;
     let mut timed_out = false;
+    let all_served = Arc::new(tokio::sync::Notify::new());
     loop {
-        let newly: Vec<(i64, Instant)> = {
-            let regs = sim.registrations.lock().unwrap_or_else(PoisonError::into_inner);
-            moved
-                .iter()
-                .filter(|id| !registered.contains_key(id))
-                .filter_map(|id| {
-                    regs.get(id)?
-                        .iter()
-                        .find(|(at, instance)| *at > kill_at && *instance != victim_instance)
-                        .map(|(at, _)| (*id, *at))
-                })
-                .collect()
+        let event = tokio::select! {
+            e = sim.registered.recv() => e,
+            () = all_served.notified() => None,
+            () = tokio::time::sleep_until(deadline.into()) => {
+                timed_out = true;
+                None
+            }
         };
-        for (id, at) in newly {
+        let Some((id, at, instance)) = event else {
+            if !timed_out && served.lock().unwrap_or_else(PoisonError::into_inner).len() < moved.len() {
+                // The events channel closed: nothing more will come.
+                timed_out = true;
+            }
+            break;
+        };
+        // Registrations before the kill, of agents that stayed, and repeats are not news.
+        if at <= kill_at || instance == victim_instance || !moved_set.contains(&id) || registered.contains_key(&id) {
+            continue;
+        }
+        {
             registered.insert(id, at);
+            let total = moved.len();
+            let all_served = all_served.clone();
             let (gateway, served) = (sim.gateway.clone(), served.clone());
             tokio::spawn(async move {
                 let mut tries = 0;
@@ -144,7 +161,11 @@ pub async fn run(args: &Args) -> Result<String, SimError> {
                     tries += 1;
                     let s = gateway.request(id, None).await;
                     if s.status == 200 {
-                        served.lock().unwrap_or_else(PoisonError::into_inner).insert(id, (s.sent + s.took, tries));
+                        let mut served = served.lock().unwrap_or_else(PoisonError::into_inner);
+                        served.insert(id, (s.sent + s.took, tries));
+                        if served.len() >= total {
+                            all_served.notify_one();
+                        }
                         return;
                     }
                     if kill_at.elapsed() > FAILOVER_WITHIN {
@@ -154,18 +175,13 @@ pub async fn run(args: &Args) -> Result<String, SimError> {
                 }
             });
         }
-        let done = served.lock().unwrap_or_else(PoisonError::into_inner).len();
-        if done >= moved.len() {
-            break;
-        }
-        if Instant::now() > deadline {
-            timed_out = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let storm_end = Instant::now();
     let tcp_at_end = (proc_stats::tcp_ext("ListenOverflows"), proc_stats::tcp_ext("TCPSynRetrans"));
+    let mut metrics_at_end = Vec::new();
+    for &i in &survivors {
+        metrics_at_end.push(scrape(&metrics_client, &sim.kas[i].observability_address).await);
+    }
     let cpu_storm_end: Vec<u64> = pids.iter().map(|p| proc_stats::cpu_ticks(*p).unwrap_or(0)).collect();
     let sim_cpu_storm_end = proc_stats::cpu_ticks(std::process::id()).unwrap_or(0);
     tokio::time::sleep(AFTER).await;
@@ -176,7 +192,7 @@ pub async fn run(args: &Args) -> Result<String, SimError> {
     }
     sampling.cancel();
     let _ = redis_task.await;
-    let (heartbeat_ttl_at_kill, heartbeat_gone) = heartbeat_task.await.unwrap_or((-3, None));
+    let (heartbeat_ttl_at_kill, heartbeat_gone) = heartbeat_task.await.unwrap_or((None, None));
     let dead_records = records_of(&mut sim.conn, &victim_instance).await;
 
     let journal = sim.shared.journal.snapshot();
@@ -275,6 +291,19 @@ pub async fn run(args: &Args) -> Result<String, SimError> {
         moved.iter().map(|id| attempts.get(id).copied().unwrap_or(0)).sum::<usize>() as f64 / moved.len().max(1) as f64,
         moved.iter().map(|id| attempts.get(id).copied().unwrap_or(0)).max().unwrap_or(0)
     );
+    let lost: Vec<Duration> = sim
+        .shared
+        .journal
+        .losses()
+        .iter()
+        .filter(|(agent, at)| *at >= kill_at && moved_set.contains(agent))
+        .map(|(_, at)| at.duration_since(kill_at))
+        .collect();
+    let _ = writeln!(
+        r,
+        "| kill → the agent saw its connection fail (the simulator's own pace: agentk, one per cluster, sees it at once), p50 / p99 / max (s) | {} |",
+        spread(lost)
+    );
     let admitted: Vec<_> = after_kill.iter().filter(|a| a.outcome == Outcome::Admitted).collect();
     let _ = writeln!(
         r,
@@ -343,6 +372,54 @@ pub async fn run(args: &Args) -> Result<String, SimError> {
         sim_cpu(sim_cpu_kill, sim_cpu_storm_end, storm),
     );
 
+    // What the survivors say about the storm (their /metrics at the kill and at the end).
+    let _ = writeln!(
+        r,
+        "| kas (its /metrics, kill → all served) | admissions: admitted / shed | Kubernetes API requests routed, by outcome | routing time p50 / p99 (histogram bucket bounds, s) | forwards to other kas that failed, by reason |\n| --- | --- | --- | --- | --- |"
+    );
+    for (n, &i) in survivors.iter().enumerate() {
+        let d = |series: &str| {
+            metrics_at_end[n].get(series).copied().unwrap_or(0.0)
+                - metrics_at_kill[n].get(series).copied().unwrap_or(0.0)
+        };
+        let by_label = |prefix: &str| -> String {
+            let mut parts: Vec<String> = metrics_at_end[n]
+                .keys()
+                .filter(|k| k.starts_with(prefix))
+                .filter_map(|k| {
+                    let v = d(k);
+                    let label = k.rsplit_once("=\"")?.1.trim_end_matches("\"}");
+                    (v > 0.0).then(|| format!("{label} {v:.0}"))
+                })
+                .collect();
+            parts.sort();
+            if parts.is_empty() { "none".into() } else { parts.join(", ") }
+        };
+        let admissions = format!(
+            "{:.0} / {:.0}",
+            d("kas_agent_connection_admissions_total{outcome=\"admitted\"}"),
+            d("kas_agent_connection_admissions_total{outcome=\"shed\"}")
+        );
+        let quantiles = histogram_quantiles(
+            &metrics_at_kill[n],
+            &metrics_at_end[n],
+            "kas_route_duration_seconds_bucket{method=\"kubernetes_api\"",
+            &[0.5, 0.99],
+        );
+        let _ = writeln!(
+            r,
+            "| kas-{i} | {admissions} | {} | {} | {} |",
+            by_label("kas_routed_requests_total{method=\"kubernetes_api\",outcome="),
+            quantiles
+                .iter()
+                .map(|q| q.as_ref().map_or_else(|| "-".to_owned(), |b| format!("≤ {b}")))
+                .collect::<Vec<_>>()
+                .join(" / "),
+            by_label("kas_peer_forward_errors_total{reason="),
+        );
+    }
+    let _ = writeln!(r);
+
     // Redis.
     let samples = redis_samples.lock().unwrap_or_else(PoisonError::into_inner).clone();
     let window = |from: Instant, to: Instant| -> Vec<RedisSample> {
@@ -350,12 +427,12 @@ pub async fn run(args: &Args) -> Result<String, SimError> {
     };
     let stats = |w: &[RedisSample]| -> (f64, f64, f64, f64) {
         let (Some(first), Some(last)) = (w.first(), w.last()) else { return (0.0, 0.0, 0.0, 0.0) };
-        let secs = last.at.duration_since(first.at).as_secs_f64().max(0.001);
+        let secs = (last.server_time - first.server_time).max(0.001);
         let mean_cmds = (last.commands - first.commands) / secs;
         let mean_cpu = (last.cpu_seconds - first.cpu_seconds) / secs * 100.0;
         let (mut peak_cmds, mut peak_cpu) = (0.0f64, 0.0f64);
         for pair in w.windows(2) {
-            let dt = pair[1].at.duration_since(pair[0].at).as_secs_f64().max(0.001);
+            let dt = (pair[1].server_time - pair[0].server_time).max(0.001);
             peak_cmds = peak_cmds.max((pair[1].commands - pair[0].commands) / dt);
             peak_cpu = peak_cpu.max((pair[1].cpu_seconds - pair[0].cpu_seconds) / dt * 100.0);
         }
@@ -378,7 +455,11 @@ pub async fn run(args: &Args) -> Result<String, SimError> {
     let _ = writeln!(
         r,
         "| its heartbeat key's remaining TTL at the kill (ms) | {} |",
-        if heartbeat_ttl_at_kill >= 0 { heartbeat_ttl_at_kill.to_string() } else { "no key".into() }
+        match heartbeat_ttl_at_kill {
+            Some(ms) if ms >= 0 => ms.to_string(),
+            Some(_) => "no key".into(),
+            None => "not read (the simulator's Redis call timed out)".into(),
+        }
     );
     let _ = writeln!(
         r,
@@ -450,4 +531,45 @@ async fn records_of(conn: &mut redis::aio::MultiplexedConnection, instance: &str
         }
     }
     (count, first_expiry.map(|e| Duration::from_millis(u64::try_from(e - now_ms).unwrap_or(0))))
+}
+
+/// A kas's `/metrics` as series (name with labels, as written) → value.
+async fn scrape(client: &reqwest::Client, address: &str) -> HashMap<String, f64> {
+    let Ok(response) = client.get(format!("http://{address}/metrics")).send().await else { return HashMap::new() };
+    let text = response.text().await.unwrap_or_default();
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter_map(|(series, value)| value.parse::<f64>().ok().map(|v| (series.to_owned(), v)))
+        .collect()
+}
+
+/// The upper bounds of the buckets holding the quantiles `qs` of the observations a histogram got
+/// between two scrapes (`prefix`: the bucket series up to its `le` label, e.g.
+/// `name_bucket{method="x"`).
+fn histogram_quantiles(
+    before: &HashMap<String, f64>,
+    after: &HashMap<String, f64>,
+    prefix: &str,
+    qs: &[f64],
+) -> Vec<Option<String>> {
+    let mut buckets: Vec<(f64, String, f64)> = after
+        .iter()
+        .filter(|(k, _)| k.starts_with(prefix))
+        .filter_map(|(k, v)| {
+            let le = k.rsplit_once("le=\"")?.1.trim_end_matches("\"}").to_owned();
+            let bound = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
+            Some((bound, le, v - before.get(k).copied().unwrap_or(0.0)))
+        })
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total = buckets.last().map_or(0.0, |b| b.2);
+    qs.iter()
+        .map(|q| {
+            if total <= 0.0 {
+                return None;
+            }
+            buckets.iter().find(|b| b.2 >= q * total).map(|b| b.1.clone())
+        })
+        .collect()
 }

@@ -21,8 +21,14 @@ pub struct Gateway {
     pub rest_urls: Vec<String>,
     pub fleet: Arc<Fleet>,
     pub jwt: String,
-    pub client: reqwest::Client,
+    /// Several clients: each holds one HTTP/2 connection per kas, whose rest listener allows
+    /// 1,024 streams at once (`connections.max_concurrent_streams`); requests waiting for a moved
+    /// agent hold theirs.
+    pub clients: Vec<reqwest::Client>,
 }
+
+/// HTTP/2 connections per kas (see [`Gateway::clients`]).
+const CLIENTS: usize = 8;
 
 /// One finished request.
 #[derive(Debug, Clone, Copy)]
@@ -37,8 +43,13 @@ pub struct Sample {
 
 impl Gateway {
     pub fn new(rest_urls: Vec<String>, fleet: Arc<Fleet>, jwt: String) -> Result<Self, reqwest::Error> {
-        let client = reqwest::Client::builder().timeout(REQUEST_TIMEOUT).pool_max_idle_per_host(256).build()?;
-        Ok(Self { rest_urls, fleet, jwt, client })
+        // HTTP/2 (kas's rest listener speaks it in plaintext too): the simulator's requests to
+        // one kas share a few connections, so thousands of probes at once cost streams, not
+        // thousands of new TCP connections in the simulator and in kas.
+        let clients = (0..CLIENTS)
+            .map(|_| reqwest::Client::builder().timeout(REQUEST_TIMEOUT).http2_prior_knowledge().build())
+            .collect::<Result<_, _>>()?;
+        Ok(Self { rest_urls, fleet, jwt, clients })
     }
 
     /// One request for `agent` through the kas `kas` (a live one at random when `None`).
@@ -49,7 +60,8 @@ impl Gateway {
         };
         let url =
             format!("{}/api/v1/agents/{agent}/kubernetes/api/v1/namespaces/default/pods/sim", self.rest_urls[kas]);
-        let status = match self.client.get(&url).bearer_auth(&self.jwt).send().await {
+        let client = &self.clients[rand::random_range(0..self.clients.len())];
+        let status = match client.get(&url).bearer_auth(&self.jwt).send().await {
             Ok(r) => {
                 let status = r.status().as_u16();
                 // Read the body: the exchange is complete only then (and the connection reusable).

@@ -179,9 +179,9 @@ pub struct KasProc {
     child: Child,
     agent_address: String,
     rest_address: String,
+    observability_address: String,
     /// Its registry instance id (what its records and heartbeat key name).
     instance_id: String,
-    killed: bool,
 }
 
 impl KasProc {
@@ -193,7 +193,6 @@ impl KasProc {
     fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        self.killed = true;
     }
 }
 
@@ -236,17 +235,21 @@ fn start_kas(bin: &Path, config: &kas::Config, dir: &Path, index: usize) -> Resu
             if !sent
                 && let Ok(v) = serde_json::from_str::<serde_json::Value>(&line)
                 && v["fields"]["message"] == "kas listening"
-                && let (Some(agent), Some(rest), Some(id)) =
-                    (v["fields"]["agent"].as_str(), v["fields"]["rest"].as_str(), v["fields"]["kas"].as_str())
+                && let (Some(agent), Some(rest), Some(observability), Some(id)) = (
+                    v["fields"]["agent"].as_str(),
+                    v["fields"]["rest"].as_str(),
+                    v["fields"]["observability"].as_str(),
+                    v["fields"]["kas"].as_str(),
+                )
             {
-                let _ = tx.send((agent.to_owned(), rest.to_owned(), id.to_owned()));
+                let _ = tx.send((agent.to_owned(), rest.to_owned(), observability.to_owned(), id.to_owned()));
                 sent = true;
             }
         }
     });
     match rx.recv_timeout(KAS_READY_WITHIN) {
-        Ok((agent_address, rest_address, instance_id)) => {
-            Ok(KasProc { child, agent_address, rest_address, instance_id, killed: false })
+        Ok((agent_address, rest_address, observability_address, instance_id)) => {
+            Ok(KasProc { child, agent_address, rest_address, observability_address, instance_id })
         }
         Err(_) => {
             let _ = child.kill();
@@ -256,32 +259,40 @@ fn start_kas(bin: &Path, config: &kas::Config, dir: &Path, index: usize) -> Resu
 }
 
 /// Fields of `INFO <sections>` as numbers.
-async fn redis_info(conn: &mut redis::aio::MultiplexedConnection, sections: &[&str]) -> HashMap<String, f64> {
-    let text: String = redis::cmd("INFO").arg(sections).query_async(conn).await.unwrap_or_default();
-    text.lines()
+async fn redis_info(
+    conn: &mut redis::aio::MultiplexedConnection,
+    sections: &[&str],
+) -> redis::RedisResult<HashMap<String, f64>> {
+    let text: String = redis::cmd("INFO").arg(sections).query_async(conn).await?;
+    Ok(text
+        .lines()
         .filter_map(|l| l.split_once(':'))
         .filter_map(|(k, v)| v.trim().parse::<f64>().ok().map(|v| (k.to_owned(), v)))
-        .collect()
+        .collect())
 }
 
 #[derive(Clone, Copy)]
 pub struct RedisSample {
     at: Instant,
+    /// Redis's own clock (`server_time_usec`) when it answered, in seconds: intervals between
+    /// samples by the server's clock, whatever delayed the answers on the way.
+    server_time: f64,
     used_memory: f64,
     commands: f64,
     cpu_seconds: f64,
 }
 
-/// One `INFO memory stats cpu` (one command: the sampling adds one command per sample).
-async fn redis_sample(conn: &mut redis::aio::MultiplexedConnection) -> RedisSample {
-    let info = redis_info(conn, &["memory", "stats", "cpu"]).await;
+/// One `INFO server memory stats cpu` (one command: the sampling adds one command per sample).
+async fn redis_sample(conn: &mut redis::aio::MultiplexedConnection) -> redis::RedisResult<RedisSample> {
+    let info = redis_info(conn, &["server", "memory", "stats", "cpu"]).await?;
     let get = |k: &str| info.get(k).copied().unwrap_or(0.0);
-    RedisSample {
+    Ok(RedisSample {
         at: Instant::now(),
+        server_time: get("server_time_usec") / 1e6,
         used_memory: get("used_memory"),
         commands: get("total_commands_processed"),
         cpu_seconds: get("used_cpu_sys") + get("used_cpu_user"),
-    }
+    })
 }
 
 /// Agents with at least one connection record (`<prefix>:agent:<id>` hashes).
@@ -407,7 +418,8 @@ pub struct Sim {
     fleet: Arc<Fleet>,
     gateway: Arc<Gateway>,
     shared: Shared,
-    registrations: Registrations,
+    /// Every `Connected` event as it comes (the failover scenario follows them without polling).
+    registered: tokio::sync::mpsc::UnboundedReceiver<(i64, Instant, String)>,
     events: tokio::task::JoinHandle<()>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     /// Connect-to-registered latencies of the first connections, sorted.
@@ -492,6 +504,7 @@ async fn start(args: &Args) -> Result<Sim, SimError> {
     pubsub.subscribe(format!("{KEY_PREFIX}:events")).await.map_err(|e| setup("subscribe", e))?;
     let registrations: Registrations = Arc::default();
     let sink = registrations.clone();
+    let (registered_tx, registered) = tokio::sync::mpsc::unbounded_channel();
     let events = tokio::spawn(async move {
         let mut messages = pubsub.into_on_message();
         while let Some(msg) = messages.next().await {
@@ -499,6 +512,7 @@ async fn start(args: &Args) -> Result<Sim, SimError> {
             if let Ok(event) = ConnectionEvent::decode(msg.get_payload_bytes())
                 && event.kind() == connection_event::Kind::Connected
             {
+                let _ = registered_tx.send((event.agent_id, now, event.kas_instance_id.clone()));
                 let mut map = sink.lock().unwrap_or_else(PoisonError::into_inner);
                 map.entry(event.agent_id).or_default().push((now, event.kas_instance_id));
             }
@@ -507,7 +521,7 @@ async fn start(args: &Args) -> Result<Sim, SimError> {
 
     // Settle, then the baseline with no agent.
     let before: Vec<KasSample> = kas.iter().map(|k| kas_sample(k.pid())).collect();
-    let redis_before = redis_sample(&mut conn).await;
+    let redis_before = redis_sample(&mut conn).await.map_err(|e| setup("redis INFO", e))?;
     let sim_rss_before = proc_stats::rss_kib(std::process::id()).unwrap_or(0);
 
     let shared = Shared {
@@ -579,7 +593,7 @@ async fn start(args: &Args) -> Result<Sim, SimError> {
         fleet,
         gateway,
         shared,
-        registrations,
+        registered,
         events,
         tasks,
         latencies,
@@ -641,13 +655,13 @@ async fn run_idle(args: &Args) -> Result<String, SimError> {
     let reopened_before = counters.tunnels_reopened.load(Ordering::Relaxed);
     let failures_before = counters.failures.load(Ordering::Relaxed);
     let idle_start: Vec<KasSample> = sim.kas.iter().map(|k| kas_sample(k.pid())).collect();
-    let redis_idle_start = redis_sample(&mut sim.conn).await;
+    let redis_idle_start = redis_sample(&mut sim.conn).await.map_err(|e| setup("redis INFO", e))?;
     let window_start = Instant::now();
     tokio::time::sleep(Duration::from_secs(args.idle_secs)).await;
     let window_end = Instant::now();
     let window = window_end.duration_since(window_start).as_secs_f64();
     let idle_end: Vec<KasSample> = sim.kas.iter().map(|k| kas_sample(k.pid())).collect();
-    let redis_idle_end = redis_sample(&mut sim.conn).await;
+    let redis_idle_end = redis_sample(&mut sim.conn).await.map_err(|e| setup("redis INFO", e))?;
     let sim_rss_idle = proc_stats::rss_kib(std::process::id()).unwrap_or(0);
     stop_load.cancel();
     if let Some(t) = load_task {
@@ -680,7 +694,7 @@ async fn run_idle(args: &Args) -> Result<String, SimError> {
     }
     let all_left = leave_start.elapsed();
     let after: Vec<KasSample> = sim.kas.iter().map(|k| kas_sample(k.pid())).collect();
-    let redis_after = redis_sample(&mut sim.conn).await;
+    let redis_after = redis_sample(&mut sim.conn).await.map_err(|e| setup("redis INFO", e))?;
     sim.events.abort();
 
     let (refresh_ms, gc_ms) = refresh_and_gc(&sim.redis, args.agents).await?;
