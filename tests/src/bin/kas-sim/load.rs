@@ -24,7 +24,7 @@ pub struct Gateway {
     /// Several clients: each holds one HTTP/2 connection per kas, whose rest listener allows
     /// 1,024 streams at once (`connections.max_concurrent_streams`); requests waiting for a moved
     /// agent hold theirs.
-    pub clients: Vec<reqwest::Client>,
+    clients: std::sync::Mutex<Vec<reqwest::Client>>,
 }
 
 /// HTTP/2 connections per kas (see [`Gateway::clients`]).
@@ -49,7 +49,12 @@ impl Gateway {
         let clients = (0..CLIENTS)
             .map(|_| reqwest::Client::builder().timeout(REQUEST_TIMEOUT).http2_prior_knowledge().build())
             .collect::<Result<_, _>>()?;
-        Ok(Self { rest_urls, fleet, jwt, clients })
+        Ok(Self { rest_urls, fleet, jwt, clients: std::sync::Mutex::new(clients) })
+    }
+
+    /// Closes the connections to kas (requests after this fail at once).
+    pub fn close(&self) {
+        self.clients.lock().unwrap_or_else(PoisonError::into_inner).clear();
     }
 
     /// One request for `agent` through the kas `kas` (a live one at random when `None`).
@@ -60,7 +65,13 @@ impl Gateway {
         };
         let url =
             format!("{}/api/v1/agents/{agent}/kubernetes/api/v1/namespaces/default/pods/sim", self.rest_urls[kas]);
-        let client = &self.clients[rand::random_range(0..self.clients.len())];
+        let client = {
+            let clients = self.clients.lock().unwrap_or_else(PoisonError::into_inner);
+            if clients.is_empty() {
+                return Sample { sent, took: Duration::ZERO, status: 0, kas };
+            }
+            clients[rand::random_range(0..clients.len())].clone()
+        };
         let status = match client.get(&url).bearer_auth(&self.jwt).send().await {
             Ok(r) => {
                 let status = r.status().as_u16();

@@ -674,6 +674,7 @@ async fn run_idle(args: &Args) -> Result<String, SimError> {
     let presence_at_end = counters.presence_open.load(Ordering::Relaxed);
 
     // Everyone leaves; wait until the registry is empty and kas closed the sockets.
+    sim.gateway.close();
     let leave_start = Instant::now();
     sim.shared.stop.cancel();
     for t in std::mem::take(&mut sim.tasks) {
