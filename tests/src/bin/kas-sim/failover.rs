@@ -463,7 +463,7 @@ pub async fn run(args: &Args) -> Result<String, SimError> {
     );
     let _ = writeln!(
         r,
-        "| its heartbeat key gone after (s; from then on no kas routes to its records) | {} |",
+        "| its heartbeat key gone after (s; from then on readers ignore its records) | {} |",
         heartbeat_gone.map_or_else(|| "still there".to_owned(), seconds)
     );
     let _ = writeln!(
