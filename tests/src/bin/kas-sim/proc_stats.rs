@@ -38,6 +38,17 @@ pub fn clock_ticks_per_second() -> f64 {
         .unwrap_or(100.0)
 }
 
+/// The kernel's TCP counters of this network namespace (`/proc/net/netstat`, `TcpExt`): e.g.
+/// `ListenOverflows` (a connection arrived while a listener's accept queue was full: its SYN or
+/// handshake is dropped and the client retries after 1 s, 3 s, 7 s...) and `TCPSynRetrans`.
+/// They count every process of the namespace.
+pub fn tcp_ext(name: &str) -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/net/netstat").ok()?;
+    let mut lines = text.lines().filter(|l| l.starts_with("TcpExt:"));
+    let (names, values) = (lines.next()?, lines.next()?);
+    names.split_whitespace().zip(values.split_whitespace()).find(|(n, _)| *n == name).and_then(|(_, v)| v.parse().ok())
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -48,6 +59,8 @@ mod tests {
         // stdin, stdout, stderr at least.
         assert!(super::open_fds(pid).is_some_and(|n| n >= 3));
         assert!(super::clock_ticks_per_second() > 0.0);
+        assert!(super::tcp_ext("ListenOverflows").is_some(), "/proc/net/netstat has TcpExt counters");
+        assert_eq!(super::tcp_ext("NoSuchCounter"), None);
     }
 
     #[test]
@@ -57,15 +70,4 @@ mod tests {
         assert_eq!(super::cpu_ticks(u32::MAX), None);
         assert_eq!(super::open_fds(u32::MAX), None);
     }
-}
-
-/// The kernel's TCP counters of this network namespace (`/proc/net/netstat`, `TcpExt`): e.g.
-/// `ListenOverflows` (a connection arrived while a listener's accept queue was full: its SYN or
-/// handshake is dropped and the client retries after 1 s, 3 s, 7 s...) and `TCPSynRetrans`.
-/// They count every process of the namespace.
-pub fn tcp_ext(name: &str) -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/net/netstat").ok()?;
-    let mut lines = text.lines().filter(|l| l.starts_with("TcpExt:"));
-    let (names, values) = (lines.next()?, lines.next()?);
-    names.split_whitespace().zip(values.split_whitespace()).find(|(n, _)| *n == name).and_then(|(_, v)| v.parse().ok())
 }
