@@ -120,15 +120,16 @@ fn parse_args() -> Result<Args, SimError> {
         accept_burst: None,
         kas_bin: workspace.join("target/release/kas"),
         out: None,
-        command: std::env::args()
-            .skip(1)
-            .filter(|a| !a.starts_with("--out") && !a.starts_with("--kas-bin"))
-            .collect::<Vec<_>>()
-            .join(" "),
+        command: String::new(),
     };
     let mut it = std::env::args().skip(1);
+    let mut shown = Vec::new();
     while let Some(flag) = it.next() {
         let value = it.next().ok_or_else(|| SimError::Usage(format!("{flag} needs a value")))?;
+        // The report names the run without where its output went (the binary is said apart).
+        if flag != "--out" && flag != "--kas-bin" {
+            shown.extend([flag.clone(), value.clone()]);
+        }
         let bad = |e: &dyn std::fmt::Display| SimError::Usage(format!("{flag} {value}: {e}"));
         match flag.as_str() {
             "--scenario" => {
@@ -153,6 +154,7 @@ fn parse_args() -> Result<Args, SimError> {
             other => return Err(SimError::Usage(format!("unknown flag {other}"))),
         }
     }
+    a.command = shown.join(" ");
     if a.agents == 0 || a.kas == 0 || a.idle_secs == 0 || a.connect_rate.is_nan() || a.connect_rate <= 0.0 {
         return Err(SimError::Usage("--agents, --kas, --idle-secs and --connect-rate must be > 0".into()));
     }
