@@ -466,6 +466,17 @@ impl Cluster {
         }
     }
 
+    /// The value of an unlabelled counter on kas number `kas`'s `/metrics` (0 before it was
+    /// first counted). The recorder is process-wide: a test that compares counts must be the
+    /// only one of its test binary that moves them.
+    pub async fn counter(&self, kas: usize, name: &str) -> u64 {
+        let url = format!("http://{}/metrics", self.kas[kas].addresses.observability);
+        let text = reqwest::get(&url).await.expect("GET /metrics").text().await.expect("metrics text");
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
+            .map_or(0, |v| v.trim().parse::<f64>().expect("a counter value") as u64)
+    }
+
     /// Base URL of kas number `kas`'s REST gateway, e.g. `http://127.0.0.1:40123`.
     /// The rest listener's base URL (`https://localhost:port` when it serves TLS).
     pub fn rest_url(&self, kas: usize) -> String {

@@ -7,9 +7,10 @@
 //! than the idle timeout is closed here (agentk opens as many again as it still wants): that
 //! is how idle tunnels shrink after load, closed by the one side that hands them out.
 
+pub mod forwards;
 mod io;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use kas_proto::{AgentId, ConnectionId};
@@ -17,7 +18,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 pub use io::{
-    ClosedSignal, ToAgent, ToPeer, TunnelIo, TunnelReceiver, TunnelSender, UnaryResponse, agent_error, read_to_end,
+    ClosedSignal, Reroute, ToAgent, ToPeer, TunnelIo, TunnelReceiver, TunnelSender, UnaryResponse, agent_error,
+    read_to_end,
 };
 
 /// Counter of agentk tunnels put back into the idle pool after an exchange (described with
@@ -76,6 +78,7 @@ enum Command {
     ConnectionUp { agent_id: AgentId, connection_id: ConnectionId, reply: oneshot::Sender<bool> },
     ConnectionDown { agent_id: AgentId, connection_id: ConnectionId },
     HasConnection { agent_id: AgentId, connection_id: ConnectionId, reply: oneshot::Sender<bool> },
+    ConnectionGone { agent_id: AgentId, connection_id: ConnectionId, reply: oneshot::Sender<CancellationToken> },
     Register { tunnel: IdleTunnel, again: bool },
     Remove { agent_id: AgentId, id: u64 },
     Find { query: TunnelQuery, reply: oneshot::Sender<IdleTunnel> },
@@ -125,6 +128,18 @@ impl TunnelRegistry {
     pub async fn has_connection(&self, agent_id: AgentId, connection_id: ConnectionId) -> Result<bool, Stopped> {
         let (reply, rx) = oneshot::channel();
         self.tx.send(Command::HasConnection { agent_id, connection_id, reply }).map_err(|_| Stopped)?;
+        rx.await.map_err(|_| Stopped)
+    }
+
+    /// Cancelled when the connection goes down here (at once if it is not held here): what
+    /// waits on a connection for longer than one request (a forwarded stream between exchanges).
+    pub async fn connection_gone(
+        &self,
+        agent_id: AgentId,
+        connection_id: ConnectionId,
+    ) -> Result<CancellationToken, Stopped> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(Command::ConnectionGone { agent_id, connection_id, reply }).map_err(|_| Stopped)?;
         rx.await.map_err(|_| Stopped)
     }
 
@@ -215,7 +230,8 @@ struct Waiter {
 
 #[derive(Default)]
 struct State {
-    connections: HashMap<AgentId, HashSet<ConnectionId>>,
+    /// Each held connection, with the token cancelled when it goes down.
+    connections: HashMap<AgentId, HashMap<ConnectionId, CancellationToken>>,
     idle: HashMap<AgentId, Vec<IdleTunnel>>,
     waiters: HashMap<AgentId, VecDeque<Waiter>>,
 }
@@ -224,7 +240,12 @@ impl State {
     fn handle(&mut self, cmd: Command) {
         match cmd {
             Command::ConnectionUp { agent_id, connection_id, reply } => {
-                let _ = reply.send(self.connections.entry(agent_id).or_default().insert(connection_id));
+                let held = self.connections.entry(agent_id).or_default();
+                let new = !held.contains_key(&connection_id);
+                if new {
+                    held.insert(connection_id, CancellationToken::new());
+                }
+                let _ = reply.send(new);
             }
             Command::ConnectionDown { agent_id, connection_id } => {
                 // Its idle tunnels end here, by kas: agentk waits for that instead of closing
@@ -236,21 +257,34 @@ impl State {
                     }
                 }
                 if let Some(set) = self.connections.get_mut(&agent_id) {
-                    set.remove(&connection_id);
+                    if let Some(gone) = set.remove(&connection_id) {
+                        gone.cancel();
+                    }
                     if set.is_empty() {
                         self.connections.remove(&agent_id);
                     }
                 }
             }
             Command::HasConnection { agent_id, connection_id, reply } => {
-                let has = self
-                    .connections
-                    .get(&agent_id)
-                    .is_some_and(|s| if connection_id.is_any() { !s.is_empty() } else { s.contains(&connection_id) });
+                let has = self.connections.get(&agent_id).is_some_and(|s| {
+                    if connection_id.is_any() { !s.is_empty() } else { s.contains_key(&connection_id) }
+                });
                 let _ = reply.send(has);
             }
+            Command::ConnectionGone { agent_id, connection_id, reply } => {
+                let token = match self.connections.get(&agent_id).and_then(|s| s.get(&connection_id)) {
+                    Some(token) => token.clone(),
+                    None => {
+                        let gone = CancellationToken::new();
+                        gone.cancel();
+                        gone
+                    }
+                };
+                let _ = reply.send(token);
+            }
             Command::Register { tunnel, again } => {
-                let held = self.connections.get(&tunnel.agent_id).is_some_and(|s| s.contains(&tunnel.connection_id));
+                let held =
+                    self.connections.get(&tunnel.agent_id).is_some_and(|s| s.contains_key(&tunnel.connection_id));
                 if again && !held {
                     return; // its connection went down meanwhile: dropping the tunnel ends it
                 }
@@ -273,7 +307,7 @@ impl State {
             }
             Command::Stats { reply } => {
                 let _ = reply.send(TunnelStats {
-                    connections: self.connections.values().map(HashSet::len).sum(),
+                    connections: self.connections.values().map(HashMap::len).sum(),
                     idle_tunnels: self.idle.values().map(Vec::len).sum(),
                     waiting_requests: self.waiters.values().flatten().filter(|w| !w.reply.is_closed()).count(),
                 });
