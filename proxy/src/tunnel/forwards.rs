@@ -204,8 +204,8 @@ mod tests {
         ForwardKey { peer: "10.0.0.1:8155".into(), agent_id: AgentId(7), connection_id: ConnectionId(connection) }
     }
 
-    /// A stream as the routing kas holds it: what it sends, and what the gateway sends back.
-    /// The routing kas's ends of a stream, and the gateway's.
+    /// A stream as the routing kas holds it (its sender, what it sent) and the gateway's ends
+    /// (its sender, what the routing kas reads).
     type Stream = (
         ToPeer,
         mpsc::Receiver<ConnectResponse>,
