@@ -343,7 +343,8 @@ pub struct RedisRegistry {
 enum Backend {
     Server {
         client: redis::Client,
-        conn: OnceCell<ConnectionManager>,
+        /// Replaced by an empty cell to reconnect (see `forget_demoted_primary`).
+        conn: Mutex<Arc<OnceCell<ConnectionManager>>>,
         manager_config: ConnectionManagerConfig,
     },
     Cluster {
@@ -498,7 +499,7 @@ impl RedisRegistry {
                     .set_connection_timeout(Some(config.response_timeout))
                     .set_number_of_retries(1)
                     .set_max_delay(Duration::from_secs(1));
-                (Backend::Server { client, conn: OnceCell::new(), manager_config }, None)
+                (Backend::Server { client, conn: Mutex::default(), manager_config }, None)
             }
             None => {
                 // RESP3: redis-rs's cluster client subscribes only with it (messages arrive as
@@ -568,11 +569,13 @@ impl Inner {
         // Concurrent first callers share one connection attempt; a failed attempt is retried by
         // the next call. Both connection kinds reconnect by themselves afterwards.
         match &self.backend {
-            Backend::Server { client, conn, manager_config } => conn
-                .get_or_try_init(|| client.get_connection_manager_with_config(manager_config.clone()))
-                .await
-                .cloned()
-                .map(Connection::Server),
+            Backend::Server { client, conn, manager_config } => {
+                let cell = lock(conn).clone();
+                cell.get_or_try_init(|| client.get_connection_manager_with_config(manager_config.clone()))
+                    .await
+                    .cloned()
+                    .map(Connection::Server)
+            }
             Backend::Cluster { client, conn, .. } => {
                 conn.get_or_try_init(|| Box::pin(client.get_async_connection())).await.cloned().map(Connection::Cluster)
             }
@@ -600,11 +603,28 @@ impl Inner {
         let result = async {
             let mut conn = self.connection().await?;
             self.round_trips.fetch_add(1, Ordering::Relaxed);
-            conn.query(pipe).await.map_err(|e| err(context, e))
+            conn.query(pipe).await.map_err(|e| {
+                self.forget_demoted_primary(&e);
+                err(context, e)
+            })
         }
         .await;
         self.outcome(context, &result);
         result
+    }
+
+    /// One server: a primary demoted to replica by a failover (Sentinel, a managed Redis) keeps
+    /// its client connections open and refuses their writes with READONLY (inside a transaction:
+    /// EXECABORT), which redis-rs's connection manager does not take as a reason to reconnect.
+    /// Dropping the connection makes the next call connect again, to where the URL points now:
+    /// the new primary. (redis-rs's cluster client handles READONLY itself.)
+    fn forget_demoted_primary(&self, e: &redis::RedisError) {
+        use redis::{ErrorKind, ServerErrorKind};
+        let refused = matches!(e.kind(), ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::ExecAbort));
+        if let (true, Backend::Server { conn, .. }) = (refused, &self.backend) {
+            tracing::info!(error = %e, "Redis refused a write as a replica; connecting again");
+            *lock(conn) = Arc::default();
+        }
     }
 
     /// Runs a batch and publishes its events; returns each command's reply. One server: one
