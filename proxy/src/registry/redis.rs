@@ -47,8 +47,9 @@
 //! *resync* (heartbeat + every owned record + a `Connected` event per record; on one server one
 //! transaction) runs as soon as any of these shows Redis is back: the events subscription is
 //! re-established after it broke, a call succeeds after one failed, the heartbeat finds its own
-//! key gone, or (cluster) the connection to some node dropped (a node that restarts may come back
-//! empty; the resync is retried until every node answers). After a resync, local waiters get
+//! key gone, (one server) a write is refused as by a replica (a failover demoted the primary: kas
+//! connects again, to the new one), or (cluster) the connection to some node dropped (a node that
+//! restarts may come back empty; the resync is retried until every node answers). After a resync, local waiters get
 //! [`RegistryEvent::Resynced`] so they look again (events published while this kas was not
 //! subscribed are lost).
 
@@ -617,13 +618,15 @@ impl Inner {
     /// its client connections open and refuses their writes with READONLY (inside a transaction:
     /// EXECABORT), which redis-rs's connection manager does not take as a reason to reconnect.
     /// Dropping the connection makes the next call connect again, to where the URL points now:
-    /// the new primary. (redis-rs's cluster client handles READONLY itself.)
+    /// the new primary, which may lack our records: a resync follows at once. (redis-rs's
+    /// cluster client handles READONLY itself.)
     fn forget_demoted_primary(&self, e: &redis::RedisError) {
         use redis::{ErrorKind, ServerErrorKind};
         let refused = matches!(e.kind(), ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::ExecAbort));
         if let (true, Backend::Server { conn, .. }) = (refused, &self.backend) {
             tracing::info!(error = %e, "Redis refused a write as a replica; connecting again");
             *lock(conn) = Arc::default();
+            self.resync.notify_one();
         }
     }
 
