@@ -353,6 +353,7 @@ impl Shared {
             // not hold its window (`kas_proto::flow`).
             .initial_stream_window_size(kas_proto::flow::STREAM_WINDOW)
             .initial_connection_window_size(kas_proto::flow::CONNECTION_WINDOW)
+            .max_frame_size(kas_proto::flow::MAX_FRAME_SIZE)
             // h2 counts every frame that arrives for a stream it reset and no longer remembers
             // as the peer's error and, at 1,024 over the connection's life, closes it with
             // GOAWAY: under load (kas-bench, 4,000 forwarded requests a second) that took the

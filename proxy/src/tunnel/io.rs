@@ -121,7 +121,9 @@ pub struct TunnelSender {
 /// and the concurrency permits of the request using it. When both halves are gone after an
 /// exchange that ended cleanly, a reusable agentk tunnel goes back to the registry from here.
 struct Lifetime {
-    _done: DropGuard,
+    /// Cancels the stream's `ClosedSignal` when dropped; handed on to the next exchange's
+    /// lifetime when the tunnel is reused (one watcher per agentk stream, not per request).
+    done: Option<DropGuard>,
     permits: Mutex<Vec<tokio::sync::OwnedSemaphorePermit>>,
     /// Set when the request side failed (e.g. the caller's body broke): the response side stops.
     aborted: CancellationToken,
@@ -204,6 +206,8 @@ pub(super) struct Reuse {
     pub methods: Vec<String>,
     pub to_agent: ToAgent,
     pub response_credit: bool,
+    /// The tunnel's id in the registry, the same for every exchange it carries.
+    pub id: u64,
 }
 
 impl Drop for Lifetime {
@@ -215,8 +219,14 @@ impl Drop for Lifetime {
         match reuse {
             Some(Reusable::Agent(r)) if finished && !r.to_agent.is_closed() => {
                 metrics::counter!(super::TUNNELS_REUSED).increment(1);
-                let (io, closed) = TunnelIo::local(r.to_agent, rest, FrameOrder::after_descriptor(), r.response_credit);
-                r.registry.register_again(r.agent_id, r.connection_id, r.methods, io, closed);
+                let io = TunnelIo::new(
+                    Outbound::Agent(r.to_agent.clone()),
+                    rest,
+                    FrameOrder::after_descriptor(),
+                    self.done.take(),
+                    r.response_credit,
+                );
+                r.registry.register_again(r.agent_id, r.connection_id, r.methods, io, r.to_agent, r.id);
             }
             Some(Reusable::Peer { pool, key, to_peer, response_credit, .. }) if finished && !to_peer.is_closed() => {
                 pool.put(key, to_peer, rest, response_credit);
@@ -291,7 +301,7 @@ impl TunnelIo {
     ) -> (Self, ClosedSignal) {
         let done = CancellationToken::new();
         let signal = ClosedSignal { to_agent: to_agent.clone(), done: done.clone() };
-        (Self::new(Outbound::Agent(to_agent), from_agent, order, done, response_credit), signal)
+        (Self::new(Outbound::Agent(to_agent), from_agent, order, Some(done.drop_guard()), response_credit), signal)
     }
 
     /// A tunnel through another kas (its Descriptor was consumed there); `response_credit`: the
@@ -309,7 +319,7 @@ impl TunnelIo {
             Outbound::Peer(to_peer.clone()),
             from_peer,
             FrameOrder::after_descriptor(),
-            CancellationToken::new(),
+            None,
             response_credit,
         );
         if let Some((pool, key)) = reuse {
@@ -330,12 +340,12 @@ impl TunnelIo {
         out: Outbound,
         from: BoxStream<'static, Result<ConnectRequest, Status>>,
         order: FrameOrder,
-        done: CancellationToken,
+        done: Option<DropGuard>,
         response_credit: bool,
     ) -> Self {
         let order = Arc::new(Mutex::new(order));
         let lifetime = Arc::new(Lifetime {
-            _done: done.drop_guard(),
+            done,
             permits: Mutex::default(),
             aborted: CancellationToken::new(),
             abort_reason: Mutex::default(),

@@ -62,8 +62,6 @@ enum Added {
     Once,
     /// New, and back after each exchange that ends cleanly.
     Reusable,
-    /// Back from an exchange.
-    Again,
 }
 
 /// A counted snapshot, for readiness, metrics and tests.
@@ -158,18 +156,43 @@ impl TunnelRegistry {
     }
 
     /// A reused tunnel back from an exchange: kept only while its connection is still held here
-    /// (after the connection went down, idle tunnels of it are not handed out again).
+    /// (after the connection went down, idle tunnels of it are not handed out again). Same id,
+    /// and no new watcher: the one started at its first registration watches its stream.
     fn register_again(
         &self,
         agent_id: AgentId,
         connection_id: ConnectionId,
         methods: Vec<String>,
         io: TunnelIo,
-        closed: ClosedSignal,
+        to_agent: ToAgent,
+        id: u64,
     ) {
-        self.add(agent_id, connection_id, methods, io, closed, Added::Again);
+        self.enable_reuse(&io, agent_id, connection_id, &methods, to_agent, id);
+        let tunnel = IdleTunnel { agent_id, connection_id, methods, io, id, since: tokio::time::Instant::now() };
+        let _ = self.tx.send(Command::Register { tunnel, again: true });
     }
 
+    fn enable_reuse(
+        &self,
+        io: &TunnelIo,
+        agent_id: AgentId,
+        connection_id: ConnectionId,
+        methods: &[String],
+        to_agent: ToAgent,
+        id: u64,
+    ) {
+        io.enable_reuse(io::Reuse {
+            registry: self.clone(),
+            agent_id,
+            connection_id,
+            methods: methods.to_vec(),
+            to_agent,
+            response_credit: false,
+            id,
+        });
+    }
+
+    /// A new tunnel: registered, and watched until agentk goes away or it is done for good.
     fn add(
         &self,
         agent_id: AgentId,
@@ -179,20 +202,12 @@ impl TunnelRegistry {
         closed: ClosedSignal,
         added: Added,
     ) {
-        let again = added == Added::Again;
-        if added != Added::Once {
-            io.enable_reuse(io::Reuse {
-                registry: self.clone(),
-                agent_id,
-                connection_id,
-                methods: methods.clone(),
-                to_agent: closed.to_agent.clone(),
-                response_credit: false,
-            });
-        }
         let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if added == Added::Reusable {
+            self.enable_reuse(&io, agent_id, connection_id, &methods, closed.to_agent.clone(), id);
+        }
         let tunnel = IdleTunnel { agent_id, connection_id, methods, io, id, since: tokio::time::Instant::now() };
-        if self.tx.send(Command::Register { tunnel, again }).is_err() {
+        if self.tx.send(Command::Register { tunnel, again: false }).is_err() {
             return; // shutting down: dropping the tunnel ends it
         }
         let tx = self.tx.clone();
@@ -423,12 +438,12 @@ mod tests {
         let (agent, connection) = (AgentId(1), ConnectionId(7));
         assert!(registry.connection_up(agent, connection).await.unwrap());
         let (io, closed, _kept) = tunnel();
-        registry.register_again(agent, connection, vec!["m".into()], io, closed);
+        registry.register_again(agent, connection, vec!["m".into()], io, closed.to_agent, 1);
         assert_eq!(registry.stats().await.unwrap().idle_tunnels, 1);
         registry.connection_down(agent, connection);
         assert_eq!(registry.stats().await.unwrap().idle_tunnels, 0, "the connection's idle tunnels end with it");
         let (io, closed, mut dropped) = tunnel();
-        registry.register_again(agent, connection, vec!["m".into()], io, closed);
+        registry.register_again(agent, connection, vec!["m".into()], io, closed.to_agent, 2);
         assert_eq!(registry.stats().await.unwrap().idle_tunnels, 0);
         // Dropped, so the stream to agentk ends.
         assert!(dropped.recv().await.is_none());
