@@ -68,6 +68,15 @@ enum ExchangeEnd {
     Over,
 }
 
+/// Every hop logs the request id of each request it forwards (the first of a stream, and each
+/// later one on a kept stream).
+fn log_request_info(frame: &ConnectResponse) {
+    if let Some(connect_response::Msg::RequestInfo(info)) = &frame.msg {
+        let request_id = kas_proto::metadata::request_id(&info.metadata).unwrap_or_default();
+        tracing::debug!(%request_id, "forwarding a request to a local tunnel");
+    }
+}
+
 fn is_close_send(frame: &ConnectResponse) -> bool {
     matches!(frame.msg, Some(connect_response::Msg::CloseSend(_)))
 }
@@ -103,10 +112,7 @@ async fn relay_exchange(
             () = &mut end_wait, if responded => return ExchangeEnd::Over,
             next = from_routing.next() => {
                 let Some(Ok(frame)) = next else { return ExchangeEnd::RoutingGone };
-                if let Some(connect_response::Msg::RequestInfo(info)) = &frame.msg {
-                    let request_id = kas_proto::metadata::request_id(&info.metadata).unwrap_or_default();
-                    tracing::debug!(%request_id, "forwarding a request to a local tunnel");
-                }
+                log_request_info(&frame);
                 let close = is_close_send(&frame);
                 if let Err(e) = to_agent.send(frame).await {
                     tracing::debug!(error = %e, "forwarding a request frame failed");
@@ -175,6 +181,7 @@ async fn relay_requests(
         if exchanges.send(Exchange::Tunnel { from_agent: receiver, done }).await.is_err() {
             break;
         }
+        log_request_info(&info);
         if let Err(e) = sender.send(info).await {
             tracing::debug!(error = %e, "forwarding a request frame failed");
             break;
