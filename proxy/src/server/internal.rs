@@ -55,6 +55,9 @@ enum Exchange {
     Tunnel { from_agent: TunnelReceiver, done: oneshot::Sender<()> },
     /// No local tunnel could take it: this error is its response, and the stream ends.
     Refused(Status),
+    /// The connection is no longer held here: the stream ends with this status before any
+    /// response frame, which makes the routing kas route the request again (`tunnel::Reroute`).
+    Moved(Status),
 }
 
 /// How the request side of one exchange ended.
@@ -166,12 +169,12 @@ async fn relay_requests(
             Ok(tunnel) => tunnel,
             Err(e) => {
                 tracing::debug!(agent_id = %target.agent_id, error = %e, "no local tunnel for the next exchange of a forwarded stream");
-                let status = match e {
+                let exchange = match e {
                     // The routing kas asked before, when the connection was here; it moved since.
-                    KasError::NotHere { .. } => Status::unavailable(format!("{e}; it moved, retry")),
-                    e => Status::from(e),
+                    KasError::NotHere { .. } => Exchange::Moved(Status::unavailable(format!("{e}; it moved, retry"))),
+                    e => Exchange::Refused(Status::from(e)),
                 };
-                let _ = exchanges.send(Exchange::Refused(status)).await;
+                let _ = exchanges.send(exchange).await;
                 break;
             }
         };
@@ -268,6 +271,7 @@ fn responses(
                 Exchange::Refused(status) => {
                     return Some((Ok(ConnectRequest::error(&status)), None));
                 }
+                Exchange::Moved(status) => return Some((Err(status), None)),
             }
         };
         let next = tokio::select! {
