@@ -100,7 +100,8 @@ fn endpoint(config: &AgentConfig, address: &str) -> Result<Endpoint, AgentError>
         // Request bodies of all tunnels share this connection: one unread stream must not hold
         // its window (`kas_proto::flow`).
         .initial_stream_window_size(kas_proto::flow::STREAM_WINDOW)
-        .initial_connection_window_size(kas_proto::flow::CONNECTION_WINDOW);
+        .initial_connection_window_size(kas_proto::flow::CONNECTION_WINDOW)
+        .max_frame_size(kas_proto::flow::MAX_FRAME_SIZE);
     if tls {
         let mut tls_config = ClientTlsConfig::new().with_native_roots();
         if let Some(ca) = &config.ca_cert_file {

@@ -15,6 +15,10 @@ pub const HOP_METHOD: &str = "kas-hop-method";
 /// Response header of `ForwardTunnel`: the gateway kas relays `WindowUpdate` frames to agentk
 /// (a kas without it would refuse them), so the routing kas may grant response credit.
 pub const HOP_RESPONSE_CREDIT: &str = "kas-hop-response-credit";
+/// Request and response header of `ForwardTunnel`: the routing kas may send another exchange
+/// (a new `RequestInfo`) on the stream once one ended cleanly both ways, and the gateway kas
+/// serves it from any of its tunnels of the same connection. Both must say so.
+pub const HOP_REUSABLE: &str = "kas-hop-reusable";
 
 /// The correlation id of a request: the caller's, or one kas makes up. It travels in the
 /// forwarded metadata from the routing kas through the gateway kas to agentk, and every hop logs

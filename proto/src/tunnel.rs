@@ -160,6 +160,16 @@ impl FrameOrder {
         self.response == ResponseState::Idle
     }
 
+    /// CloseSend has been sent: the request is complete.
+    pub fn is_request_closed(&self) -> bool {
+        self.request == RequestState::Closed
+    }
+
+    /// The request went out and no response frame has come yet.
+    pub fn is_awaiting_header(&self) -> bool {
+        self.response == ResponseState::AwaitHeader
+    }
+
     /// The response has ended (Trailer or Error).
     pub fn is_done(&self) -> bool {
         self.response == ResponseState::Done

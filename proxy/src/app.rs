@@ -181,6 +181,7 @@ fn flow_control(server: Server, max_streams: u32) -> Server {
     server
         .initial_stream_window_size(kas_proto::flow::STREAM_WINDOW)
         .initial_connection_window_size(kas_proto::flow::connection_window(max_streams))
+        .max_frame_size(kas_proto::flow::MAX_FRAME_SIZE)
 }
 
 #[derive(Debug, Clone, Copy)]

@@ -559,15 +559,7 @@ impl Config {
             });
         }
         if let Some(redis) = &self.registry.redis {
-            if redis.url.trim().is_empty() {
-                return Err(ConfigError::Invalid { key: "registry.redis.url", message: "must not be empty".into() });
-            }
-            if redis.key_prefix.is_empty() {
-                return Err(ConfigError::Invalid {
-                    key: "registry.redis.key_prefix",
-                    message: "must not be empty".into(),
-                });
-            }
+            redis.check().map_err(|(key, message)| ConfigError::Invalid { key, message })?;
         }
         Ok(())
     }
@@ -699,6 +691,29 @@ mod tests {
         assert!(e.contains("routing.max_wait") && e.contains("forever"), "{e}");
     }
 
+    /// `registry.redis` is one server (`url`) or a cluster (`cluster_nodes`): never both, never
+    /// neither, and the messages name the key.
+    #[test]
+    fn redis_is_one_server_or_a_cluster() {
+        let with_redis = |yaml: &str| {
+            let mut c = Config::parse(example()).unwrap();
+            c.registry.redis = Some(serde_norway::from_str(yaml).map_err(|e| e.to_string())?);
+            c.validate().map(|()| c).map_err(|e| e.to_string())
+        };
+        let c = with_redis("cluster_nodes: [redis://10.0.0.1:6379, redis://10.0.0.2:6379]").unwrap();
+        let redis = c.registry.redis.unwrap();
+        assert_eq!((redis.url, redis.cluster_nodes.len()), (None, 2));
+        with_redis("url: redis://redis:6379").unwrap();
+        let e = with_redis("url: redis://redis:6379\ncluster_nodes: [redis://10.0.0.1:6379]").unwrap_err();
+        assert!(e.contains("registry.redis: set either url") && e.contains("not both"), "{e}");
+        let e = with_redis("key_prefix: kas").unwrap_err();
+        assert!(e.contains("registry.redis: set url (one Redis server) or cluster_nodes"), "{e}");
+        let e = with_redis("cluster_nodes: [unix:///run/redis.sock]").unwrap_err();
+        assert!(e.contains("registry.redis.cluster_nodes: `unix:///run/redis.sock`"), "{e}");
+        let e = with_redis("cluster: true\nurl: redis://redis:6379").unwrap_err();
+        assert!(e.contains("unknown field `cluster`"), "{e}");
+    }
+
     #[test]
     fn validation_messages_name_the_key() {
         let mut c = Config::parse(example()).unwrap();
@@ -802,6 +817,7 @@ mod proptests {
             "agents.git.mirror_dir",
             "registry.redis",
             "registry.redis.url",
+            "registry.redis.cluster_nodes",
             "registry.redis.key_prefix",
             "registry.redis.response_timeout",
             "listeners.rest.tls",

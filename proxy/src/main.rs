@@ -36,8 +36,9 @@ struct Cli {
     /// Overrides listeners.observability.address (/metrics, /livez, /readyz).
     #[arg(long, env = "KAS_OBSERVABILITY_ADDRESS")]
     observability_address: Option<String>,
-    /// Use Redis as the registry (many replicas): redis://, rediss:// or unix:// URL. Overrides
-    /// registry.redis.url (other Redis settings keep their config values or defaults).
+    /// Use Redis as the registry (many replicas): redis://, rediss:// or unix:// URL of one Redis
+    /// server. Overrides registry.redis.url and replaces registry.redis.cluster_nodes (other Redis
+    /// settings keep their config values or defaults).
     #[arg(long, env = "KAS_REDIS_URL")]
     redis_url: Option<String>,
     /// Log filter, e.g. `info` or `kas=debug`.
@@ -175,7 +176,10 @@ async fn run(
     tokio::spawn(signal_shutdown(term, interrupt, shutdown.clone()));
     if let Some(url) = redis_url {
         match &mut config.registry.redis {
-            Some(redis) => redis.url = url,
+            Some(redis) => {
+                redis.url = Some(url);
+                redis.cluster_nodes.clear();
+            }
             None => config.registry.redis = Some(kas::registry::redis::RedisConfig::new(url)),
         }
     }

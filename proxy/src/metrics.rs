@@ -28,6 +28,7 @@ pub const GITLAB_REQUESTS: &str = "kas_gitlab_requests_total";
 pub const AUTH_FAILURES: &str = "kas_auth_failures_total";
 pub const AGENT_CONNECTION_ADMISSIONS: &str = "kas_agent_connection_admissions_total";
 pub use crate::tunnel::TUNNELS_REUSED;
+pub use crate::tunnel::forwards::{FORWARDS_REROUTED, FORWARDS_REUSED};
 
 /// How a routed request ended (the `outcome` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,6 +97,14 @@ fn describe() {
     );
     metrics::describe_counter!(REGISTRY_OPERATIONS, "Registry operations, by operation");
     metrics::describe_counter!(TUNNELS_REUSED, "agentk tunnels that carried another request after one ended cleanly");
+    metrics::describe_counter!(
+        FORWARDS_REUSED,
+        "Requests forwarded to another kas on a ForwardTunnel stream kept from an earlier request"
+    );
+    metrics::describe_counter!(
+        FORWARDS_REROUTED,
+        "Requests routed again after their kept ForwardTunnel stream failed before the response"
+    );
     metrics::describe_counter!(REGISTRY_ERRORS, "Registry operations that failed (e.g. Redis errors), by operation");
     metrics::describe_gauge!(CONNECTIONS, "Agent connections (GetConfiguration streams) held by this kas");
     metrics::describe_gauge!(IDLE_TUNNELS, "Idle tunnels held by this kas");

@@ -29,7 +29,7 @@ use crate::certificates::{Certificate, LOCALHOST_AND_IP};
 use crate::fake_gitlab::{FakeGitlab, GitlabAgent};
 use crate::fake_kube::FakeKube;
 use crate::git_http::{GitHttpServer, GitRepo};
-use crate::redis_server::RedisServer;
+use crate::redis_server::{RedisCluster, RedisServer};
 
 /// An agent in the static agents file of the cluster.
 #[derive(Debug, Clone)]
@@ -49,6 +49,7 @@ pub struct ClusterBuilder {
     max_wait: Duration,
     edits: Vec<ConfigEdit>,
     redis: bool,
+    redis_cluster: bool,
     gitlab: bool,
     gitlab_tls: bool,
 }
@@ -61,6 +62,7 @@ impl Default for ClusterBuilder {
             max_wait: Duration::from_secs(10),
             edits: Vec::new(),
             redis: false,
+            redis_cluster: false,
             gitlab: false,
             gitlab_tls: false,
         }
@@ -100,6 +102,13 @@ impl ClusterBuilder {
         self
     }
 
+    /// Use a private Redis Cluster (three masters, [`RedisCluster`]) as the registry, with the
+    /// same short periods as [`ClusterBuilder::redis`].
+    pub fn redis_cluster(mut self) -> Self {
+        self.redis_cluster = true;
+        self
+    }
+
     /// Serve the rest listener over TLS with a self-signed certificate for `localhost` (kubectl
     /// sends its bearer token only over TLS). The certificate is its own CA.
     pub fn rest_tls(self) -> Self {
@@ -131,6 +140,11 @@ impl ClusterBuilder {
     }
 
     pub async fn start(self) -> Cluster {
+        // Boxed: the setup holds much across awaits, and every test's future would carry it.
+        Box::pin(self.start_boxed()).await
+    }
+
+    async fn start_boxed(self) -> Cluster {
         crate::init_test_logging();
         let dir = tempfile::tempdir().expect("tempdir");
         let gitlab_secret = Secret::generate();
@@ -168,19 +182,21 @@ impl ClusterBuilder {
         config.agents.static_file = Some(agents_file);
         config.routing.max_wait = self.max_wait;
         config.shutdown.grace_period = Duration::from_secs(5);
-        let redis = if self.redis {
-            let server = RedisServer::start().await;
-            let mut redis = RedisConfig::new(server.url());
+        let redis = if self.redis { Some(RedisServer::start().await) } else { None };
+        let redis_cluster = if self.redis_cluster { Some(RedisCluster::start().await) } else { None };
+        let redis_config = match (&redis, &redis_cluster) {
+            (Some(server), _) => Some(RedisConfig::new(server.url())),
+            (None, Some(cluster)) => Some(RedisConfig::cluster(cluster.urls())),
+            (None, None) => None,
+        };
+        if let Some(mut redis) = redis_config {
             redis.key_prefix = format!("kas-test-{}", rand::random::<u32>());
             config.registry.redis = Some(redis);
             config.registry.heartbeat_ttl = Duration::from_millis(1500);
             config.registry.heartbeat_period = Duration::from_millis(300);
             config.registry.refresh_period = Duration::from_secs(1);
             config.registry.ttl = Duration::from_secs(30);
-            Some(server)
-        } else {
-            None
-        };
+        }
         let gitlab = if self.gitlab {
             let fake = if self.gitlab_tls {
                 let fake = FakeGitlab::start_tls(&gitlab_secret).await;
@@ -232,6 +248,7 @@ impl ClusterBuilder {
             kubeconfig,
             kas: Vec::new(),
             redis,
+            redis_cluster,
             gitlab,
             git,
             projects,
@@ -256,6 +273,8 @@ pub struct Cluster {
     pub kas: Vec<KasHandle>,
     /// The private redis-server, when the cluster uses Redis.
     pub redis: Option<RedisServer>,
+    /// The private Redis Cluster, when the cluster uses one ([`ClusterBuilder::redis_cluster`]).
+    pub redis_cluster: Option<RedisCluster>,
     /// The fake GitLab verifying agent tokens (`ClusterBuilder::gitlab`).
     pub gitlab: Option<FakeGitlab>,
     /// GitLab mode: the Git server of the agents' configuration projects, and each project's
@@ -464,6 +483,17 @@ impl Cluster {
         for line in series {
             assert!(text.contains(line), "{line} missing from /metrics:\n{text}");
         }
+    }
+
+    /// The value of an unlabelled counter on kas number `kas`'s `/metrics` (0 before it was
+    /// first counted). The recorder is process-wide: a test that compares counts must be the
+    /// only one of its test binary that moves them.
+    pub async fn counter(&self, kas: usize, name: &str) -> u64 {
+        let url = format!("http://{}/metrics", self.kas[kas].addresses.observability);
+        let text = reqwest::get(&url).await.expect("GET /metrics").text().await.expect("metrics text");
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
+            .map_or(0, |v| v.trim().parse::<f64>().expect("a counter value") as u64)
     }
 
     /// Base URL of kas number `kas`'s REST gateway, e.g. `http://127.0.0.1:40123`.

@@ -27,7 +27,7 @@ pub use fake_kube::FakeKube;
 pub use fault_proxy::{FaultProxy, ProxyTarget};
 pub use git_http::{GitHttpOptions, GitHttpServer, GitRepo};
 pub use process::{KasProcess, Process, workspace_binary};
-pub use redis_server::RedisServer;
+pub use redis_server::{RedisCluster, RedisServer};
 pub use unconnectable::Unconnectable;
 
 /// How long `eventually!` waits before failing a test.

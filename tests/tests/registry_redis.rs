@@ -5,8 +5,9 @@ use std::sync::Arc;
 
 use kas::registry::redis::{RedisConfig, RedisRegistry};
 use kas::registry::{AgentRegistry, RegistryTiming};
-use kas_e2e::RedisServer;
+use kas_e2e::fault_proxy::ProxyTarget;
 use kas_e2e::registry_conformance::{self as conformance, Backend};
+use kas_e2e::{FaultProxy, RedisServer, eventually};
 
 struct Redis {
     url: String,
@@ -50,7 +51,9 @@ async fn a_refresh_is_one_round_trip_whatever_the_number_of_connections() {
             r.register(conformance::record(1 + i % 7, 10, 1000 + i)).await.unwrap();
         }
         let before = r.round_trips();
+        let started = std::time::Instant::now();
         r.refresh().await.unwrap();
+        eprintln!("refresh of {n} connections on one server: {:?}", started.elapsed());
         assert_eq!(r.round_trips() - before, 1, "{n} connections");
     }
 }
@@ -69,7 +72,7 @@ async fn kas_starts_and_serves_while_redis_is_down_then_catches_up() {
     assert!(r.ping().await.is_err());
     // When Redis is back, a refresh writes what failed while it was down.
     server.start_again().await;
-    kas_e2e::eventually!(r.refresh().await.is_ok(), "refresh succeeds once Redis is back");
+    eventually!(r.refresh().await.is_ok(), "refresh succeeds once Redis is back");
     r.heartbeat().await.unwrap();
     assert_eq!(r.connections_by_agent_id(kas_proto::AgentId(1)).await.unwrap().len(), 1);
 }
@@ -126,4 +129,38 @@ async fn rediss_with_a_private_ca() {
     let untrusting = RedisRegistry::new(&RedisConfig::new(&url), conformance::instance_info(), timing).unwrap();
     assert!(untrusting.ping().await.is_err());
     drop(server);
+}
+
+/// A failover behind Sentinel or a managed Redis: the old primary stays up as a replica, keeps
+/// kas's connection and refuses its writes (READONLY); the address kas uses now leads to the new
+/// primary (here a proxy re-targeted, as a DNS name or Service would be). kas connects again and
+/// rewrites its records on the new primary, which did not have them.
+#[tokio::test]
+async fn after_a_failover_kas_leaves_the_demoted_primary_for_the_new_one() {
+    let old = RedisServer::start().await;
+    let new = RedisServer::start().await;
+    let address = FaultProxy::start_unix(old.socket()).await;
+    let timing =
+        RegistryTiming { ttl: std::time::Duration::from_secs(60), heartbeat_ttl: std::time::Duration::from_secs(60) };
+    let r = registry(&format!("redis://{}", address.address()), "failover", timing);
+    r.heartbeat().await.unwrap();
+    r.register(conformance::record(1, 10, 100)).await.unwrap();
+
+    // The old primary becomes a replica (of a primary it cannot reach, so it keeps its data and
+    // refuses writes); new connections reach the new primary.
+    let unreachable = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let reply: String = old.query(redis::cmd("REPLICAOF").arg("127.0.0.1").arg(unreachable)).await;
+    assert_eq!(reply, "OK");
+    address.set_target(ProxyTarget::Unix(new.socket()));
+    let err = r.register(conformance::record(2, 20, 200)).await.unwrap_err();
+    assert!(err.to_string().starts_with("redis register"), "{err}");
+
+    // The refused write alone sends kas to the new primary and rewrites everything there (no
+    // further call from this kas, no refresh).
+    let reader = registry(&new.url(), "failover", timing);
+    eventually!(
+        reader.connections_by_agent_id(kas_proto::AgentId(1)).await.is_ok_and(|c| c.len() == 1)
+            && reader.connections_by_agent_id(kas_proto::AgentId(2)).await.is_ok_and(|c| c.len() == 1),
+        "the records written again on the new primary"
+    );
 }

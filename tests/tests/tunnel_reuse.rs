@@ -7,14 +7,11 @@ use kas_e2e::{Cluster, eventually};
 
 const PODS: &str = "/api/v1/agents/1/kubernetes/api/v1/namespaces/default/pods";
 
-/// `kas_tunnels_reused_total` of kas number `kas` (0 before the first reuse).
+/// `kas_tunnels_reused_total` of kas number `kas` (0 before the first reuse). One recorder per
+/// process: every kas of this test binary counts into it (forwarded streams are tested in
+/// `forward_reuse.rs`, their own binary, for that reason).
 async fn reused(c: &Cluster, kas: usize) -> u64 {
-    // (One recorder per process: every kas of this test process counts into it.)
-    let url = format!("http://{}/metrics", c.kas[kas].addresses.observability);
-    let text = reqwest::get(&url).await.unwrap().text().await.unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix("kas_tunnels_reused_total "))
-        .map_or(0, |v| v.trim().parse::<f64>().unwrap() as u64)
+    c.counter(kas, "kas_tunnels_reused_total").await
 }
 
 async fn get_pods(c: &Cluster, kas: usize) -> String {

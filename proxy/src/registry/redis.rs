@@ -1,11 +1,13 @@
-//! Redis registry: the backend for many kas replicas.
+//! Redis registry: the backend for many kas replicas, on one Redis server or a Redis Cluster.
 //!
 //! Layout (all keys under a configurable prefix `P`):
 //! - `P:agent:<agent id>` and `P:project:<project id>`: hashes, field = connection id, value =
-//!   `ExpiringValue { expires_at, ConnectedAgentInfo }`. Both are written in one MULTI/EXEC with
-//!   the same expiry, and the keys get a PEXPIRE of the record TTL.
+//!   `ExpiringValue { expires_at, ConnectedAgentInfo }`. Both are written with the same expiry,
+//!   and the keys get a PEXPIRE of the record TTL.
+//! - `P:seen:<agent id>`: set for a record TTL when a connection of the agent is unregistered.
 //! - `P:kas:<instance id>`: this kas's `KasInstanceInfo`, with a short TTL (the heartbeat).
 //! - `P:events`: pub-sub channel of `ConnectionEvent`s.
+//! - `P:conn-rate:<agent id>:<window>`: the agent's connection count in one window.
 //! - `P:gitops:<agent id>`: hash of the agent's GitOps syncs: field `projects` =
 //!   `GitopsManifestProjects` (the agent's manifest projects as configured at its last report),
 //!   field `sync:<hex SHA-256 of project id, NUL, ref>` = `kas.v1.GitopsSync` (the last report of
@@ -17,17 +19,41 @@
 //! - `P:git_push`: pub-sub channel of `kas.v1.GitPushEvent`s (pushes, from any kas), on the same
 //!   subscription as the events.
 //!
-//! Every write this kas makes is remembered locally (`owned`), so a refresh rewrites all of it in
-//! one pipelined transaction (one round trip however many agents), and a registration that
-//! failed while Redis was down is written by the next refresh once Redis is back.
+//! Every write this kas makes is remembered locally (`owned`), so a refresh rewrites all of it at
+//! once, and a registration that failed while Redis was down is written by the next refresh once
+//! Redis is back.
+//!
+//! **One Redis server** (`url`): a registration (both hashes and its event) is one MULTI/EXEC; a
+//! refresh is one pipelined transaction (one round trip however many agents).
+//!
+//! **A Redis Cluster** (`cluster_nodes`): a transaction must stay within one hash slot, so the
+//! keys carry hash tags: the agent or project id (`P:agent:{7}`, `P:seen:{7}`,
+//! `P:conn-rate:{7}:<window>`, `P:gitops:{7}`, `P:cluster_state:{7}`, `P:project:{10}`: every
+//! transaction on an agent's keys stays in its slot), `{instances}` for every heartbeat
+//! (`P:kas:{instances}:<id>`, so one request checks the heartbeats behind a record list) and
+//! `{pubsub}` for the channels (`P:events:{pubsub}`, `P:git_push:{pubsub}`). An agent's hash and
+//! its project's hash are in different slots: each is written in a MULTI/EXEC of its own slot,
+//! with the same expiry, and a refresh rewrites both (a kas dying in between leaves one without
+//! the other until it expires). Writes to many slots (refresh, resync, shutdown, GC) are grouped
+//! into one MULTI/EXEC block per slot and one pipeline per master, sent concurrently
+//! ([`cluster`]): a refresh is one round trip per master, however many agents. Events use sharded
+//! pub-sub (SPUBLISH/SSUBSCRIBE, Redis 7): a classic PUBLISH is relayed to every node of the
+//! cluster, a sharded one only within the shard serving the channel's slot, which every kas
+//! subscribes to. A sharded channel counts as a key of its slot, so an event cannot join the
+//! transaction of the records it announces: it is published once they are written.
 //!
 //! Redis may come back empty (restarted without persistence, flushed, failed over). Waiting for
 //! the next refresh would leave cross-kas routing broken for up to a refresh period, so a
-//! *resync* (heartbeat + every owned record + a `Connected` event per record, one transaction)
-//! runs as soon as any of these shows Redis is back: the events subscription is re-established
-//! after it broke, a call succeeds after one failed, or the heartbeat finds its own key gone.
-//! After a resync, local waiters get [`RegistryEvent::Resynced`] so they look again (events
-//! published while this kas was not subscribed are lost).
+//! *resync* (heartbeat + every owned record + a `Connected` event per record; on one server one
+//! transaction) runs as soon as any of these shows Redis is back: the events subscription is
+//! re-established after it broke, a call succeeds after one failed, the heartbeat finds its own
+//! key gone, (one server) a write is refused as by a replica (a failover demoted the primary: kas
+//! connects again, to the new one), or (cluster) the connection to some node dropped (a node that
+//! restarts may come back empty; the resync is retried until every node answers). After a resync, local waiters get
+//! [`RegistryEvent::Resynced`] so they look again (events published while this kas was not
+//! subscribed are lost).
+
+mod cluster;
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -45,9 +71,11 @@ use kas_proto::registry::{
 use kas_proto::{AgentId, ConnectionId, ProjectId};
 use prost::Message;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{AsyncCommands, IntoConnectionInfo};
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::{ConnectionInfo, IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind, Value};
 use serde::{Deserialize, Serialize};
-use tokio::sync::{Notify, OnceCell, broadcast};
+use tokio::sync::{Notify, OnceCell, broadcast, mpsc};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::{
@@ -66,13 +94,28 @@ const RESYNC_BACKOFF_CAP: Duration = Duration::from_secs(1);
 /// Resyncs (each announcing every record of this kas) run at most this often: a flapping Redis
 /// must not turn every failed call into a burst of events.
 const RESYNC_MIN_INTERVAL: Duration = Duration::from_secs(1);
+/// Retries of a cluster request redirected (MOVED, ASK), refused (TRYAGAIN) while slots move, or
+/// whose node connection failed; all within `response_timeout`.
+const CLUSTER_RETRIES: u32 = 3;
+/// Pause before such a retry (ms; redis-rs grows it from the first to the second bound). redis-rs
+/// waits at least 1.28 s by default: a node that is down would then hold every call to it for
+/// most of `response_timeout`, and delay noticing that it is back.
+const CLUSTER_RETRY_WAIT_MS: (u64, u64) = (50, 500);
 
-/// `registry.redis` in the kas config.
+/// `registry.redis` in the kas config: `url` (one Redis server) or `cluster_nodes` (a Redis
+/// Cluster), exactly one of them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RedisConfig {
-    /// `redis://host:port[/db]`, `rediss://host:port` (TLS) or `unix:///path/to/redis.sock`.
-    pub url: String,
+    /// One Redis server: `redis://host:port[/db]`, `rediss://host:port` (TLS) or
+    /// `unix:///path/to/redis.sock`. Behind Sentinel or a managed Redis with failover: the
+    /// address that follows the primary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// A Redis Cluster instead: some of its nodes, `redis://host:port` or `rediss://host:port`
+    /// (kas learns the others from them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cluster_nodes: Vec<String>,
     /// ACL user name (Redis 6+); the URL may carry one too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub username: Option<String>,
@@ -99,9 +142,11 @@ fn default_response_timeout() -> Duration {
 }
 
 impl RedisConfig {
+    /// One Redis server.
     pub fn new(url: impl Into<String>) -> Self {
         Self {
-            url: url.into(),
+            url: Some(url.into()),
+            cluster_nodes: Vec::new(),
             username: None,
             password_file: None,
             ca_cert_file: None,
@@ -109,44 +154,131 @@ impl RedisConfig {
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
         }
     }
+
+    /// A Redis Cluster, reached first through these nodes.
+    pub fn cluster(nodes: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        Self { url: None, cluster_nodes: nodes.into_iter().map(Into::into).collect(), ..Self::new("") }
+    }
+
+    /// Finds what would fail later, or worse, work differently than written: the key
+    /// (`registry.redis.<field>`) and what is wrong with it.
+    pub fn check(&self) -> Result<(), (&'static str, String)> {
+        let invalid = |key, message: String| Err((key, message));
+        if self.key_prefix.is_empty() {
+            return invalid("registry.redis.key_prefix", "must not be empty".into());
+        }
+        match (&self.url, self.cluster_nodes.is_empty()) {
+            (Some(_), false) => {
+                return invalid(
+                    "registry.redis",
+                    "set either url (one Redis server) or cluster_nodes (a Redis Cluster), not both".into(),
+                );
+            }
+            (None, true) => {
+                return invalid(
+                    "registry.redis",
+                    "set url (one Redis server) or cluster_nodes (some nodes of a Redis Cluster)".into(),
+                );
+            }
+            (Some(url), true) if url.trim().is_empty() => {
+                return invalid("registry.redis.url", "must not be empty".into());
+            }
+            (Some(_), true) => return Ok(()),
+            (None, false) => {}
+        }
+        let mut tls = None;
+        for node in &self.cluster_nodes {
+            let scheme_tls = match node.split_once("://").map(|(scheme, _)| scheme) {
+                Some("redis") => false,
+                Some("rediss") => true,
+                _ => {
+                    return invalid(
+                        "registry.redis.cluster_nodes",
+                        format!(
+                            "`{node}` is not a cluster node address: cluster nodes are reached over TCP, \
+                             redis://host:port or rediss://host:port"
+                        ),
+                    );
+                }
+            };
+            if tls.replace(scheme_tls).is_some_and(|t| t != scheme_tls) {
+                return invalid(
+                    "registry.redis.cluster_nodes",
+                    "mixes redis:// and rediss://: the nodes of a cluster all use TLS or none does".into(),
+                );
+            }
+            match node.as_str().into_connection_info() {
+                Err(e) => return invalid("registry.redis.cluster_nodes", format!("`{node}`: {e}")),
+                Ok(info) if info.redis_settings().db() != 0 => {
+                    return invalid(
+                        "registry.redis.cluster_nodes",
+                        format!(
+                            "`{node}` names database {}: a Redis Cluster has only database 0",
+                            info.redis_settings().db()
+                        ),
+                    );
+                }
+                Ok(_) => {}
+            }
+        }
+        if self.key_prefix.contains(['{', '}']) {
+            return invalid(
+                "registry.redis.key_prefix",
+                "must not contain `{` or `}` with cluster_nodes: kas tags its keys itself (a key's hash tag \
+                 decides its slot)"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
 }
 
 fn err(context: &str, e: impl std::fmt::Display) -> RegistryError {
     RegistryError(format!("redis {context}: {e}"))
 }
 
+/// Key and channel names (see the module docs); on a cluster with hash tags.
 struct Keys {
     prefix: String,
+    cluster: bool,
 }
 
 impl Keys {
+    /// An agent or project id as it appears in keys: on a cluster, the hash tag.
+    fn id(&self, id: impl std::fmt::Display) -> String {
+        if self.cluster { format!("{{{id}}}") } else { id.to_string() }
+    }
     fn agent(&self, id: AgentId) -> String {
-        format!("{}:agent:{id}", self.prefix)
+        format!("{}:agent:{}", self.prefix, self.id(id))
     }
     fn project(&self, id: ProjectId) -> String {
-        format!("{}:project:{id}", self.prefix)
+        format!("{}:project:{}", self.prefix, self.id(id))
     }
     /// Set (for a record TTL) when a connection of the agent is unregistered: see `seen_recently`.
     fn seen(&self, id: AgentId) -> String {
-        format!("{}:seen:{id}", self.prefix)
+        format!("{}:seen:{}", self.prefix, self.id(id))
     }
     fn instance(&self, id: &str) -> String {
-        format!("{}:kas:{id}", self.prefix)
+        if self.cluster {
+            format!("{}:kas:{{instances}}:{id}", self.prefix)
+        } else {
+            format!("{}:kas:{id}", self.prefix)
+        }
     }
     fn events(&self) -> String {
-        format!("{}:events", self.prefix)
+        if self.cluster { format!("{}:events:{{pubsub}}", self.prefix) } else { format!("{}:events", self.prefix) }
     }
     fn connection_count(&self, agent: AgentId, window: u64) -> String {
-        format!("{}:conn-rate:{agent}:{window}", self.prefix)
+        format!("{}:conn-rate:{}:{window}", self.prefix, self.id(agent))
     }
     fn gitops(&self, agent: AgentId) -> String {
-        format!("{}:gitops:{agent}", self.prefix)
+        format!("{}:gitops:{}", self.prefix, self.id(agent))
     }
     fn cluster_state_holder(&self, agent: AgentId) -> String {
-        format!("{}:cluster_state:{agent}", self.prefix)
+        format!("{}:cluster_state:{}", self.prefix, self.id(agent))
     }
     fn git_push(&self) -> String {
-        format!("{}:git_push", self.prefix)
+        if self.cluster { format!("{}:git_push:{{pubsub}}", self.prefix) } else { format!("{}:git_push", self.prefix) }
     }
 }
 
@@ -184,16 +316,75 @@ struct OwnedRecord {
     info: Bytes,
 }
 
+/// Commands of one registry operation that may touch many keys, each with its key (on a
+/// cluster, what decides its slot), and the events announcing them.
+#[derive(Default)]
+struct Batch {
+    commands: Vec<(String, redis::Cmd)>,
+    /// One transaction on one server; one per slot on a cluster.
+    atomic: bool,
+    events: Vec<Vec<u8>>,
+}
+
+impl Batch {
+    fn atomic() -> Self {
+        Self { atomic: true, ..Self::default() }
+    }
+
+    fn push(&mut self, key: String, cmd: redis::Cmd) {
+        self.commands.push((key, cmd));
+    }
+}
+
 pub struct RedisRegistry {
     inner: Arc<Inner>,
     _stop_tasks: DropGuard,
 }
 
+enum Backend {
+    Server {
+        client: redis::Client,
+        /// Replaced by an empty cell to reconnect (see `forget_demoted_primary`).
+        conn: Mutex<Arc<OnceCell<ConnectionManager>>>,
+        manager_config: ConnectionManagerConfig,
+    },
+    Cluster {
+        client: ClusterClient,
+        conn: OnceCell<ClusterConnection>,
+        /// Which master serves which slot, read when first needed and again after a failure.
+        owners: Mutex<Option<Arc<cluster::SlotOwners>>>,
+    },
+}
+
+/// A connection of either backend (both reconnect by themselves once made).
+#[derive(Clone)]
+enum Connection {
+    Server(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl Connection {
+    async fn query<T: redis::FromRedisValue>(&mut self, pipe: &redis::Pipeline) -> redis::RedisResult<T> {
+        match self {
+            Self::Server(conn) => pipe.query_async(conn).await,
+            Self::Cluster(conn) => pipe.query_async(conn).await,
+        }
+    }
+
+    /// On a cluster redis-rs sends PING to every master.
+    async fn ping(&mut self) -> redis::RedisResult<()> {
+        let ping = redis::cmd("PING");
+        match self {
+            Self::Server(conn) => ping.query_async::<String>(conn).await,
+            Self::Cluster(conn) => ping.query_async::<String>(conn).await,
+        }
+        .map(drop)
+    }
+}
+
 /// What the registry and its background tasks (events subscriber, resync) share.
 pub struct Inner {
-    client: redis::Client,
-    conn: OnceCell<ConnectionManager>,
-    manager_config: ConnectionManagerConfig,
+    backend: Backend,
     keys: Keys,
     instance: KasInstanceInfo,
     timing: RegistryTiming,
@@ -223,7 +414,10 @@ impl std::ops::Deref for RedisRegistry {
 
 impl std::fmt::Debug for RedisRegistry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisRegistry").field("prefix", &self.inner.keys.prefix).finish_non_exhaustive()
+        f.debug_struct("RedisRegistry")
+            .field("prefix", &self.inner.keys.prefix)
+            .field("cluster", &self.inner.keys.cluster)
+            .finish_non_exhaustive()
     }
 }
 
@@ -258,47 +452,90 @@ impl RedisRegistry {
     /// Prepares the registry and starts the events subscriber. Connects lazily: kas starts (and
     /// serves local agents) while Redis is down.
     pub fn new(config: &RedisConfig, instance: KasInstanceInfo, timing: RegistryTiming) -> Result<Self, RegistryError> {
-        let mut info = config.url.as_str().into_connection_info().map_err(|e| err("url", e))?;
-        let mut settings = info.redis_settings().clone();
-        if let Some(user) = &config.username {
-            settings = settings.set_username(user);
-        }
-        if let Some(path) = &config.password_file {
-            let password = std::fs::read_to_string(path)
-                .map_err(|e| RegistryError(format!("cannot read redis password file {}: {e}", path.display())))?;
-            settings = settings.set_password(password.trim());
-        }
-        info = info.set_redis_settings(settings);
-        let client = match &config.ca_cert_file {
-            Some(path) => {
-                let root_cert = crate::tools::tls::read_ca_bundle(path)
-                    .map_err(|e| RegistryError(format!("redis CA file: {e}")))?;
-                redis::Client::build_with_tls(
-                    info,
-                    redis::TlsCertificates { client_tls: None, root_cert: Some(root_cert) },
-                )
+        config.check().map_err(|(key, message)| RegistryError(format!("{key}: {message}")))?;
+        let password = config
+            .password_file
+            .as_ref()
+            .map(|path| {
+                std::fs::read_to_string(path)
+                    .map(|p| p.trim().to_owned())
+                    .map_err(|e| RegistryError(format!("cannot read redis password file {}: {e}", path.display())))
+            })
+            .transpose()?;
+        let root_cert = config
+            .ca_cert_file
+            .as_ref()
+            .map(|path| {
+                crate::tools::tls::read_ca_bundle(path).map_err(|e| RegistryError(format!("redis CA file: {e}")))
+            })
+            .transpose()?;
+        let connection_info = |url: &str, protocol: Option<ProtocolVersion>| -> Result<ConnectionInfo, RegistryError> {
+            let info = url.into_connection_info().map_err(|e| err("url", e))?;
+            let mut settings = info.redis_settings().clone();
+            if let Some(user) = &config.username {
+                settings = settings.set_username(user);
             }
-            None => redis::Client::open(info),
-        }
-        .map_err(|e| err("client", e))?;
-        let keys = Keys { prefix: config.key_prefix.clone() };
-        let (events, _) = broadcast::channel(EVENT_BUFFER);
+            if let Some(password) = &password {
+                settings = settings.set_password(password);
+            }
+            if let Some(protocol) = protocol {
+                settings = settings.set_protocol(protocol);
+            }
+            Ok(info.set_redis_settings(settings))
+        };
+        let (push_sender, push_receiver) = mpsc::unbounded_channel();
+        let (backend, push_receiver) = match &config.url {
+            Some(url) => {
+                let info = connection_info(url, None)?;
+                let client = match root_cert {
+                    Some(root_cert) => redis::Client::build_with_tls(
+                        info,
+                        redis::TlsCertificates { client_tls: None, root_cert: Some(root_cert) },
+                    ),
+                    None => redis::Client::open(info),
+                }
+                .map_err(|e| err("client", e))?;
+                let manager_config = ConnectionManagerConfig::new()
+                    .set_response_timeout(Some(config.response_timeout))
+                    .set_connection_timeout(Some(config.response_timeout))
+                    .set_number_of_retries(1)
+                    .set_max_delay(Duration::from_secs(1));
+                (Backend::Server { client, conn: Mutex::default(), manager_config }, None)
+            }
+            None => {
+                // RESP3: redis-rs's cluster client subscribes only with it (messages arrive as
+                // pushes, on `push_sender`, with the notice of every dropped node connection).
+                let nodes = config
+                    .cluster_nodes
+                    .iter()
+                    .map(|node| connection_info(node, Some(ProtocolVersion::RESP3)))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let tls = config.cluster_nodes.iter().any(|node| node.starts_with("rediss://"));
+                let mut builder = ClusterClientBuilder::new(nodes)
+                    .use_protocol(ProtocolVersion::RESP3)
+                    .push_sender(push_sender)
+                    .connection_timeout(config.response_timeout)
+                    .response_timeout(config.response_timeout)
+                    .retries(CLUSTER_RETRIES)
+                    .min_retry_wait(CLUSTER_RETRY_WAIT_MS.0)
+                    .max_retry_wait(CLUSTER_RETRY_WAIT_MS.1);
+                if let Some(root_cert) = root_cert.filter(|_| tls) {
+                    builder = builder.certs(redis::TlsCertificates { client_tls: None, root_cert: Some(root_cert) });
+                }
+                let client = builder.build().map_err(|e| err("cluster client", e))?;
+                (Backend::Cluster { client, conn: OnceCell::new(), owners: Mutex::new(None) }, Some(push_receiver))
+            }
+        };
+        let keys = Keys { prefix: config.key_prefix.clone(), cluster: push_receiver.is_some() };
         let stop = CancellationToken::new();
-        let manager_config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(config.response_timeout))
-            .set_connection_timeout(Some(config.response_timeout))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_secs(1));
         let inner = Arc::new(Inner {
-            client,
-            conn: OnceCell::new(),
-            manager_config,
+            backend,
             keys,
             instance,
             timing,
             owned: Mutex::default(),
             written_keys: Mutex::default(),
-            events,
+            events: broadcast::channel(EVENT_BUFFER).0,
             pushes: broadcast::channel(EVENT_BUFFER).0,
             round_trips: AtomicU64::new(0),
             resync: Notify::new(),
@@ -306,39 +543,49 @@ impl RedisRegistry {
             heartbeat_written: AtomicBool::new(false),
             closed: AtomicBool::new(false),
         });
-        tokio::spawn(subscribe_events(inner.clone(), config.response_timeout, stop.clone()));
+        match push_receiver {
+            None => tokio::spawn(subscribe_events(inner.clone(), config.response_timeout, stop.clone())),
+            Some(pushes) => {
+                tokio::spawn(subscribe_sharded_events(inner.clone(), pushes, config.response_timeout, stop.clone()))
+            }
+        };
         tokio::spawn(resync_task(inner.clone(), stop.clone()));
         Ok(Self { inner, _stop_tasks: stop.drop_guard() })
     }
 }
 
 impl Inner {
-    /// Round trips to Redis so far (benchmarks check a refresh costs one, whatever the count).
+    /// Requests sent to Redis so far (tests check that a refresh costs one, or one per master of
+    /// a cluster, whatever the number of agents).
     pub fn round_trips(&self) -> u64 {
         self.round_trips.load(Ordering::Relaxed)
     }
 
-    async fn conn(&self) -> Result<ConnectionManager, RegistryError> {
-        // Concurrent first callers share one connection attempt; a failed attempt is retried by
-        // the next call. ConnectionManager reconnects by itself afterwards.
-        self.conn
-            .get_or_try_init(|| self.client.get_connection_manager_with_config(self.manager_config.clone()))
-            .await
-            .cloned()
-            .map_err(|e| err("connect", e))
+    /// Whether this registry uses a Redis Cluster (`cluster_nodes`).
+    pub fn is_cluster(&self) -> bool {
+        self.keys.cluster
     }
 
-    async fn query<T: redis::FromRedisValue>(
-        &self,
-        context: &'static str,
-        pipe: &redis::Pipeline,
-    ) -> Result<T, RegistryError> {
-        let result = async {
-            let mut conn = self.conn().await?;
-            self.round_trips.fetch_add(1, Ordering::Relaxed);
-            pipe.query_async(&mut conn).await.map_err(|e| err(context, e))
+    async fn connection(&self) -> Result<Connection, RegistryError> {
+        // Concurrent first callers share one connection attempt; a failed attempt is retried by
+        // the next call. Both connection kinds reconnect by themselves afterwards.
+        match &self.backend {
+            Backend::Server { client, conn, manager_config } => {
+                let cell = lock(conn).clone();
+                cell.get_or_try_init(|| client.get_connection_manager_with_config(manager_config.clone()))
+                    .await
+                    .cloned()
+                    .map(Connection::Server)
+            }
+            Backend::Cluster { client, conn, .. } => {
+                conn.get_or_try_init(|| Box::pin(client.get_async_connection())).await.cloned().map(Connection::Cluster)
+            }
         }
-        .await;
+        .map_err(|e| err("connect", e))
+    }
+
+    /// Counts an operation's outcome; a success after a failure starts a resync.
+    fn outcome<T>(&self, context: &'static str, result: &Result<T, RegistryError>) {
         crate::metrics::registry_operation(context, result.is_ok());
         if result.is_err() {
             self.failed_since_resync.store(true, Ordering::Relaxed);
@@ -346,61 +593,185 @@ impl Inner {
             // Redis answers again after a failure: it may have restarted empty.
             self.resync.notify_one();
         }
+    }
+
+    /// One request (on a cluster, its keys must share a slot).
+    async fn query<T: redis::FromRedisValue>(
+        &self,
+        context: &'static str,
+        pipe: &redis::Pipeline,
+    ) -> Result<T, RegistryError> {
+        let result = async {
+            let mut conn = self.connection().await?;
+            self.round_trips.fetch_add(1, Ordering::Relaxed);
+            conn.query(pipe).await.map_err(|e| {
+                self.forget_demoted_primary(&e);
+                err(context, e)
+            })
+        }
+        .await;
+        self.outcome(context, &result);
         result
     }
 
-    /// Rewrites this kas's heartbeat and every record it owns, and announces each record, in
-    /// one transaction. Returns how many records were written.
+    /// One server: a primary demoted to replica by a failover (Sentinel, a managed Redis) keeps
+    /// its client connections open and refuses their writes with READONLY (inside a transaction:
+    /// EXECABORT), which redis-rs's connection manager does not take as a reason to reconnect.
+    /// Dropping the connection makes the next call connect again, to where the URL points now:
+    /// the new primary, which may lack our records: a resync follows at once. (redis-rs's
+    /// cluster client handles READONLY itself.)
+    fn forget_demoted_primary(&self, e: &redis::RedisError) {
+        use redis::{ErrorKind, ServerErrorKind};
+        let refused = matches!(e.kind(), ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::ExecAbort));
+        if let (true, Backend::Server { conn, .. }) = (refused, &self.backend) {
+            tracing::info!(error = %e, "Redis refused a write as a replica; connecting again");
+            *lock(conn) = Arc::default();
+            self.resync.notify_one();
+        }
+    }
+
+    /// Runs a batch and publishes its events; returns each command's reply. One server: one
+    /// pipeline (one transaction when atomic) with the events inside. Cluster: one pipeline per
+    /// master, concurrently (one transaction per slot when atomic), then the events.
+    async fn run(&self, context: &'static str, batch: Batch) -> Result<Vec<Value>, RegistryError> {
+        if batch.commands.is_empty() && batch.events.is_empty() {
+            return Ok(Vec::new());
+        }
+        let Backend::Cluster { owners, .. } = &self.backend else {
+            let mut pipe = redis::pipe();
+            if batch.atomic {
+                pipe.atomic();
+            }
+            for (_, cmd) in batch.commands {
+                pipe.add_command(cmd);
+            }
+            for event in batch.events {
+                pipe.publish(self.keys.events(), event).ignore();
+            }
+            return self.query(context, &pipe).await;
+        };
+        // Boxed: the cluster's futures are large, and every caller's future would carry them.
+        let result = Box::pin(self.run_on_cluster(context, owners, batch)).await;
+        self.outcome(context, &result);
+        result
+    }
+
+    async fn run_on_cluster(
+        &self,
+        context: &'static str,
+        owners: &Mutex<Option<Arc<cluster::SlotOwners>>>,
+        batch: Batch,
+    ) -> Result<Vec<Value>, RegistryError> {
+        let Connection::Cluster(mut conn) = self.connection().await? else {
+            return Err(err(context, "not a cluster connection"));
+        };
+        let mut replies = Vec::new();
+        if !batch.commands.is_empty() {
+            // A slot that moved since the map was read fails its pipeline: read the map again
+            // and run the batch once more (its writes can be repeated).
+            let mut attempts = 0;
+            replies = loop {
+                let cached = lock(owners).clone();
+                let map = match cached {
+                    Some(map) => map,
+                    None => {
+                        self.round_trips.fetch_add(1, Ordering::Relaxed);
+                        let map = Arc::new(cluster::slot_owners(&mut conn).await.map_err(|e| err(context, e))?);
+                        *lock(owners) = Some(map.clone());
+                        map
+                    }
+                };
+                let sent = || {
+                    self.round_trips.fetch_add(1, Ordering::Relaxed);
+                };
+                match cluster::run_per_master(&conn, &map, &batch.commands, batch.atomic, sent).await {
+                    Ok(replies) => break replies,
+                    Err(e) => {
+                        *lock(owners) = None;
+                        attempts += 1;
+                        if attempts == 2 {
+                            return Err(err(context, e));
+                        }
+                    }
+                }
+            };
+        }
+        if !batch.events.is_empty() {
+            // After the writes: a kas woken by an event must find what it announces.
+            let mut pipe = redis::pipe();
+            for event in batch.events {
+                pipe.cmd("SPUBLISH").arg(self.keys.events()).arg(event).ignore();
+            }
+            self.round_trips.fetch_add(1, Ordering::Relaxed);
+            pipe.query_async::<()>(&mut conn).await.map_err(|e| err(context, e))?;
+        }
+        Ok(replies)
+    }
+
+    /// Rewrites this kas's heartbeat and every record it owns, and announces each record (one
+    /// transaction on one server). Returns how many records were written.
     async fn resync_once(&self) -> Result<usize, RegistryError> {
         if self.closed.load(Ordering::Relaxed) {
             return Ok(0);
         }
+        if self.keys.cluster {
+            // While a node is still down, a PING to every master fails before rewriting every
+            // record on the others again.
+            self.connection().await?.ping().await.map_err(|e| err("resync", e))?;
+        }
         let owned: Vec<_> = self.owned().iter().map(|(k, v)| (*k, v.clone())).collect();
-        let mut pipe = redis::pipe();
-        pipe.atomic();
-        self.write_heartbeat(&mut pipe);
+        let mut batch = Batch::atomic();
+        let (key, heartbeat) = self.heartbeat_write();
+        batch.push(key, heartbeat);
         for ((agent_id, connection_id), record) in &owned {
-            self.write_record(&mut pipe, *agent_id, *connection_id, record);
+            self.write_record(&mut batch, *agent_id, *connection_id, record);
             let event =
                 event_bytes(connection_event::Kind::Connected, *agent_id, *connection_id, &self.instance.instance_id);
-            pipe.publish(self.keys.events(), event).ignore();
+            batch.events.push(event);
         }
-        self.query::<()>("resync", &pipe).await?;
+        self.run("resync", batch).await?;
         self.heartbeat_written.store(true, Ordering::Relaxed);
         Ok(owned.len())
     }
 
-    fn write_heartbeat(&self, pipe: &mut redis::Pipeline) {
-        pipe.pset_ex(
-            self.keys.instance(&self.instance.instance_id),
-            self.instance.encode_to_vec(),
-            u64::try_from(ms(self.timing.heartbeat_ttl)).unwrap_or(u64::MAX),
-        )
-        .ignore();
+    fn heartbeat_write(&self) -> (String, redis::Cmd) {
+        let key = self.keys.instance(&self.instance.instance_id);
+        let ttl = u64::try_from(ms(self.timing.heartbeat_ttl)).unwrap_or(u64::MAX);
+        let cmd = redis::Cmd::pset_ex(&key, self.instance.encode_to_vec(), ttl);
+        (key, cmd)
     }
 
     fn owned(&self) -> MutexGuard<'_, HashMap<(AgentId, ConnectionId), OwnedRecord>> {
-        self.owned.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.owned)
     }
 
     fn written_keys(&self) -> MutexGuard<'_, HashSet<String>> {
-        self.written_keys.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.written_keys)
     }
 
-    /// Adds the writes of one connection record to a pipeline.
-    fn write_record(
-        &self,
-        pipe: &mut redis::Pipeline,
-        agent_id: AgentId,
-        connection_id: ConnectionId,
-        r: &OwnedRecord,
-    ) {
+    /// Adds the writes of one connection record to a batch.
+    fn write_record(&self, batch: &mut Batch, agent_id: AgentId, connection_id: ConnectionId, r: &OwnedRecord) {
         let value = expiring(&r.info, self.timing.ttl);
         let ttl = ms(self.timing.ttl);
         let field = connection_id.0.to_string();
         for key in [self.keys.agent(agent_id), self.keys.project(r.project_id)] {
-            pipe.hset(&key, &field, value.as_slice()).ignore().pexpire(&key, ttl).ignore();
+            batch.push(key.clone(), redis::Cmd::hset(&key, &field, value.as_slice()));
+            batch.push(key.clone(), redis::Cmd::pexpire(&key, ttl));
         }
+    }
+
+    /// Adds the removal of one connection record to a batch (and marks the agent seen).
+    fn remove_record(&self, batch: &mut Batch, agent_id: AgentId, project_id: ProjectId, connection_id: ConnectionId) {
+        let field = connection_id.0.to_string();
+        for key in [self.keys.agent(agent_id), self.keys.project(project_id)] {
+            batch.push(key.clone(), redis::Cmd::hdel(&key, &field));
+        }
+        let seen = self.keys.seen(agent_id);
+        let ttl = self.timing.ttl.as_millis().try_into().unwrap_or(u64::MAX);
+        batch.push(seen.clone(), redis::Cmd::pset_ex(&seen, 1u8, ttl));
+        let event =
+            event_bytes(connection_event::Kind::Disconnected, agent_id, connection_id, &self.instance.instance_id);
+        batch.events.push(event);
     }
 
     /// Reads a hash of connection records: live ones of live kas instances; deletes expired
@@ -435,6 +806,7 @@ impl Inner {
         if instances.is_empty() {
             return Ok(Vec::new());
         }
+        // On a cluster every heartbeat shares the `{instances}` slot: still one request.
         let mut pipe = redis::pipe();
         for id in &instances {
             pipe.exists(self.keys.instance(id));
@@ -443,6 +815,28 @@ impl Inner {
         let alive: HashSet<&str> = instances.iter().zip(alive).filter(|(_, a)| *a).map(|(id, _)| id.as_str()).collect();
         Ok(sorted(live.into_iter().filter(|i| alive.contains(i.kas_instance_id.as_str())).collect()))
     }
+
+    /// Hands a message of the events or push channel to local subscribers.
+    fn deliver(&self, channel: &[u8], payload: &[u8]) {
+        if channel == self.keys.git_push().as_bytes() {
+            if let Ok(GitPushEvent { project: Some(project) }) = GitPushEvent::decode(payload) {
+                let _ = self.pushes.send(GitPush { project, received_at: tokio::time::Instant::now() });
+            }
+            return;
+        }
+        let Ok(ev) = ConnectionEvent::decode(payload) else { return };
+        let (agent_id, connection_id) = (AgentId(ev.agent_id), ConnectionId(ev.connection_id));
+        let event = match connection_event::Kind::try_from(ev.kind) {
+            Ok(connection_event::Kind::Connected) => RegistryEvent::Connected { agent_id, connection_id },
+            Ok(connection_event::Kind::Disconnected) => RegistryEvent::Disconnected { agent_id, connection_id },
+            _ => return,
+        };
+        let _ = self.events.send(event);
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[async_trait]
@@ -458,12 +852,11 @@ impl AgentRegistry for RedisRegistry {
         // Remembered first: if Redis is down, the next refresh writes it.
         self.owned().insert((agent_id, connection_id), record.clone());
         self.written_keys().extend([self.keys.agent(agent_id), self.keys.project(project_id)]);
-        let mut pipe = redis::pipe();
-        pipe.atomic();
-        self.write_record(&mut pipe, agent_id, connection_id, &record);
+        let mut batch = Batch::atomic();
+        self.write_record(&mut batch, agent_id, connection_id, &record);
         let event = event_bytes(connection_event::Kind::Connected, agent_id, connection_id, &self.instance.instance_id);
-        pipe.publish(self.keys.events(), event).ignore();
-        self.query("register", &pipe).await
+        batch.events.push(event);
+        self.run("register", batch).await.map(drop)
     }
 
     async fn unregister(
@@ -473,42 +866,27 @@ impl AgentRegistry for RedisRegistry {
         connection_id: ConnectionId,
     ) -> Result<(), RegistryError> {
         self.owned().remove(&(agent_id, connection_id));
-        let field = connection_id.0.to_string();
-        let mut pipe = redis::pipe();
-        pipe.atomic()
-            .hdel(self.keys.agent(agent_id), &field)
-            .ignore()
-            .hdel(self.keys.project(project_id), &field)
-            .ignore()
-            .pset_ex(self.keys.seen(agent_id), 1u8, self.timing.ttl.as_millis().try_into().unwrap_or(u64::MAX))
-            .ignore()
-            .publish(
-                self.keys.events(),
-                event_bytes(connection_event::Kind::Disconnected, agent_id, connection_id, &self.instance.instance_id),
-            )
-            .ignore();
-        self.query("unregister", &pipe).await
+        let mut batch = Batch::atomic();
+        self.remove_record(&mut batch, agent_id, project_id, connection_id);
+        self.run("unregister", batch).await.map(drop)
     }
 
     async fn refresh(&self) -> Result<(), RegistryError> {
         let owned: Vec<_> = self.owned().iter().map(|(k, v)| (*k, v.clone())).collect();
-        if owned.is_empty() {
-            return Ok(());
-        }
-        // One transaction, one round trip, however many connections this kas holds.
-        let mut pipe = redis::pipe();
-        pipe.atomic();
+        // One transaction and one round trip on one server, one per master on a cluster,
+        // however many connections this kas holds.
+        let mut batch = Batch::atomic();
         for ((agent_id, connection_id), record) in &owned {
-            self.write_record(&mut pipe, *agent_id, *connection_id, record);
+            self.write_record(&mut batch, *agent_id, *connection_id, record);
         }
-        self.query("refresh", &pipe).await
+        self.run("refresh", batch).await.map(drop)
     }
 
     async fn heartbeat(&self) -> Result<(), RegistryError> {
         // Same round trip: was our previous heartbeat still there?
+        let (key, write) = self.heartbeat_write();
         let mut pipe = redis::pipe();
-        pipe.exists(self.keys.instance(&self.instance.instance_id));
-        self.write_heartbeat(&mut pipe);
+        pipe.exists(&key).add_command(write).ignore();
         let (existed,): (bool,) = self.query("heartbeat", &pipe).await?;
         if !existed && self.heartbeat_written.swap(true, Ordering::Relaxed) {
             // Gone before its TTL (Redis flushed or restarted) or expired (this kas stalled):
@@ -521,17 +899,18 @@ impl AgentRegistry for RedisRegistry {
 
     async fn gc(&self) -> Result<(), RegistryError> {
         let keys: Vec<String> = self.written_keys().iter().cloned().collect();
-        if keys.is_empty() {
-            return Ok(());
-        }
-        let mut pipe = redis::pipe();
+        let mut reads = Batch::default();
         for key in &keys {
-            pipe.hgetall(key);
+            reads.push(key.clone(), redis::Cmd::hgetall(key));
         }
-        let hashes: Vec<HashMap<String, Vec<u8>>> = self.query("gc_read", &pipe).await?;
+        let hashes = self
+            .run("gc_read", reads)
+            .await?
+            .into_iter()
+            .map(|reply| redis::from_redis_value::<HashMap<String, Vec<u8>>>(reply).map_err(|e| err("gc_read", e)))
+            .collect::<Result<Vec<_>, _>>()?;
         let now = now_ms();
-        let mut pipe = redis::pipe();
-        let mut deletes = 0;
+        let mut deletes = Batch::default();
         for (key, fields) in keys.iter().zip(&hashes) {
             let expired: Vec<&String> = fields
                 .iter()
@@ -539,17 +918,13 @@ impl AgentRegistry for RedisRegistry {
                 .map(|(f, _)| f)
                 .collect();
             if !expired.is_empty() {
-                pipe.hdel(key, expired).ignore();
-                deletes += 1;
+                deletes.push(key.clone(), redis::Cmd::hdel(key, expired));
             }
         }
         // Keys that are gone (expired or emptied) need no more sweeping.
         let empty: HashSet<&String> = keys.iter().zip(&hashes).filter(|(_, h)| h.is_empty()).map(|(k, _)| k).collect();
         self.written_keys().retain(|k| !empty.contains(k));
-        if deletes > 0 {
-            self.query::<()>("gc_delete", &pipe).await?;
-        }
-        Ok(())
+        self.run("gc_delete", deletes).await.map(drop)
     }
 
     async fn connections_by_agent_id(&self, agent_id: AgentId) -> Result<Vec<ConnectedAgentInfo>, RegistryError> {
@@ -572,9 +947,7 @@ impl AgentRegistry for RedisRegistry {
     }
 
     async fn ping(&self) -> Result<(), RegistryError> {
-        let mut conn = self.conn().await?;
-        let _: String = conn.ping().await.map_err(|e| err("ping", e))?;
-        Ok(())
+        self.connection().await?.ping().await.map_err(|e| err("ping", e))
     }
 
     async fn count_connection(&self, agent_id: AgentId, window: Duration) -> Result<WindowCounts, RegistryError> {
@@ -634,9 +1007,9 @@ impl AgentRegistry for RedisRegistry {
     }
 
     async fn publish_git_push(&self, project: git_push_event::Project) -> Result<(), RegistryError> {
-        let event = GitPushEvent { project: Some(project) };
-        self.query("publish_git_push", redis::pipe().publish(self.keys.git_push(), event.encode_to_vec()).ignore())
-            .await
+        let event = GitPushEvent { project: Some(project) }.encode_to_vec();
+        let publish = if self.keys.cluster { "SPUBLISH" } else { "PUBLISH" };
+        self.query("publish_git_push", redis::pipe().cmd(publish).arg(self.keys.git_push()).arg(event).ignore()).await
     }
 
     fn subscribe_git_pushes(&self) -> broadcast::Receiver<GitPush> {
@@ -662,24 +1035,13 @@ impl AgentRegistry for RedisRegistry {
     async fn remove_all_owned(&self) -> Result<(), RegistryError> {
         self.closed.store(true, Ordering::Relaxed);
         let owned: Vec<_> = self.owned().drain().collect();
-        let mut pipe = redis::pipe();
-        pipe.atomic();
+        let mut batch = Batch::atomic();
         for ((agent_id, connection_id), record) in &owned {
-            let field = connection_id.0.to_string();
-            pipe.hdel(self.keys.agent(*agent_id), &field).ignore();
-            pipe.hdel(self.keys.project(record.project_id), &field).ignore();
-            pipe.pset_ex(self.keys.seen(*agent_id), 1u8, self.timing.ttl.as_millis().try_into().unwrap_or(u64::MAX))
-                .ignore();
-            let event = event_bytes(
-                connection_event::Kind::Disconnected,
-                *agent_id,
-                *connection_id,
-                &self.instance.instance_id,
-            );
-            pipe.publish(self.keys.events(), event).ignore();
+            self.remove_record(&mut batch, *agent_id, record.project_id, *connection_id);
         }
-        pipe.del(self.keys.instance(&self.instance.instance_id)).ignore();
-        self.query("remove_all", &pipe).await
+        let heartbeat = self.keys.instance(&self.instance.instance_id);
+        batch.push(heartbeat.clone(), redis::Cmd::del(&heartbeat));
+        self.run("remove_all", batch).await.map(drop)
     }
 }
 
@@ -715,13 +1077,13 @@ async fn resync_task(inner: Arc<Inner>, stop: CancellationToken) {
     }
 }
 
-/// Forwards the events and push channels to local subscribers, re-subscribing after Redis
-/// failures. A subscription re-established after it broke starts a resync (Redis may be back
-/// empty).
+/// One Redis server: forwards the events and push channels to local subscribers, re-subscribing
+/// after Redis failures. A subscription re-established after it broke starts a resync (Redis may
+/// be back empty).
 async fn subscribe_events(inner: Arc<Inner>, connect_timeout: Duration, stop: CancellationToken) {
+    let Backend::Server { client, .. } = &inner.backend else { return };
     let channel = inner.keys.events();
     let push_channel = inner.keys.git_push();
-    let events = inner.events.clone();
     let mut delay = Duration::from_millis(50);
     let mut interrupted = false;
     // One warning per outage, not one per attempt.
@@ -730,7 +1092,7 @@ async fn subscribe_events(inner: Arc<Inner>, connect_timeout: Duration, stop: Ca
         let session = async {
             // Bounded: a blackholed Redis must not stall re-subscribing for the OS connect timeout.
             let mut pubsub = tokio::time::timeout(connect_timeout, async {
-                let mut pubsub = inner.client.get_async_pubsub().await.map_err(|e| err("subscribe", e))?;
+                let mut pubsub = client.get_async_pubsub().await.map_err(|e| err("subscribe", e))?;
                 pubsub.subscribe(&[&channel, &push_channel]).await.map_err(|e| err("subscribe", e))?;
                 Ok::<_, RegistryError>(pubsub)
             })
@@ -745,20 +1107,7 @@ async fn subscribe_events(inner: Arc<Inner>, connect_timeout: Duration, stop: Ca
             }
             let mut messages = pubsub.on_message();
             while let Some(msg) = messages.next().await {
-                if msg.get_channel_name() == push_channel {
-                    if let Ok(GitPushEvent { project: Some(project) }) = GitPushEvent::decode(msg.get_payload_bytes()) {
-                        let _ = inner.pushes.send(GitPush { project, received_at: tokio::time::Instant::now() });
-                    }
-                    continue;
-                }
-                let Ok(ev) = ConnectionEvent::decode(msg.get_payload_bytes()) else { continue };
-                let (agent_id, connection_id) = (AgentId(ev.agent_id), ConnectionId(ev.connection_id));
-                let event = match connection_event::Kind::try_from(ev.kind) {
-                    Ok(connection_event::Kind::Connected) => RegistryEvent::Connected { agent_id, connection_id },
-                    Ok(connection_event::Kind::Disconnected) => RegistryEvent::Disconnected { agent_id, connection_id },
-                    _ => continue,
-                };
-                let _ = events.send(event);
+                inner.deliver(msg.get_channel_name().as_bytes(), msg.get_payload_bytes());
             }
             Ok::<_, RegistryError>(())
         };
@@ -784,5 +1133,93 @@ async fn subscribe_events(inner: Arc<Inner>, connect_timeout: Duration, stop: Ca
             () = tokio::time::sleep(delay) => {}
         }
         delay = (delay * 2).min(SUBSCRIBE_BACKOFF_CAP);
+    }
+}
+
+/// A Redis Cluster: subscribes to the events and push channels (sharded, on the master serving
+/// their `{pubsub}` slot) and forwards what arrives (RESP3 pushes) to local subscribers.
+/// redis-rs's cluster client keeps the subscription once made: it subscribes again after a
+/// reconnection and follows the slot to another master. This task subscribes the first time
+/// (kas may start while Redis is down), again when the server ends the subscription, and starts
+/// a resync when a node connection dropped (that node may come back empty) and when the
+/// subscription is back after one.
+async fn subscribe_sharded_events(
+    inner: Arc<Inner>,
+    mut pushes: mpsc::UnboundedReceiver<PushInfo>,
+    connect_timeout: Duration,
+    stop: CancellationToken,
+) {
+    let channels = [inner.keys.events(), inner.keys.git_push()];
+    let mut delay = Duration::from_millis(50);
+    let mut interrupted = false;
+    let mut warned = false;
+    loop {
+        let subscribed = tokio::time::timeout(connect_timeout, async {
+            let Connection::Cluster(mut conn) = inner.connection().await? else {
+                return Err(err("subscribe", "not a cluster connection"));
+            };
+            conn.ssubscribe(&channels).await.map_err(|e| err("subscribe", e))
+        })
+        .await
+        .map_err(|_| err("subscribe", "timed out"))
+        .and_then(|r| r);
+        if let Err(e) = subscribed {
+            if warned {
+                tracing::debug!(error = %e, "registry events subscription failed; retrying");
+            } else {
+                tracing::warn!(error = %e, "registry events subscription failed; retrying");
+                warned = true;
+            }
+            interrupted = true;
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(delay) => {}
+            }
+            delay = (delay * 2).min(SUBSCRIBE_BACKOFF_CAP);
+            continue;
+        }
+        delay = Duration::from_millis(50);
+        warned = false;
+        if std::mem::take(&mut interrupted) {
+            tracing::info!(channel = %channels[0], "re-subscribed to registry events");
+            inner.resync.notify_one();
+        } else {
+            tracing::debug!(channel = %channels[0], "subscribed to registry events");
+        }
+        loop {
+            let push = tokio::select! {
+                () = stop.cancelled() => return,
+                push = pushes.recv() => push,
+            };
+            let Some(PushInfo { kind, data }) = push else { return };
+            match kind {
+                PushKind::SMessage => {
+                    if let [Value::BulkString(channel), Value::BulkString(payload), ..] = data.as_slice() {
+                        inner.deliver(channel, payload);
+                    }
+                }
+                PushKind::Disconnection => {
+                    if !interrupted {
+                        tracing::info!(
+                            "a Redis Cluster node connection dropped; rewriting the registry once it answers"
+                        );
+                    }
+                    interrupted = true;
+                    inner.resync.notify_one();
+                }
+                // redis-rs subscribed again (reconnected, or followed the slot).
+                PushKind::SSubscribe if interrupted => {
+                    interrupted = false;
+                    tracing::info!(channel = %channels[0], "re-subscribed to registry events");
+                    inner.resync.notify_one();
+                }
+                // The server ended the subscription (e.g. the slot moved): subscribe again.
+                PushKind::SUnsubscribe => {
+                    interrupted = true;
+                    break;
+                }
+                _ => {}
+            }
+        }
     }
 }

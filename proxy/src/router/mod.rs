@@ -29,7 +29,7 @@ use crate::error::KasError;
 use crate::metrics::RouteOutcome;
 use crate::registry::{AgentRegistry, RegistryEvent};
 use crate::tunnel::{TunnelIo, TunnelQuery, TunnelRegistry};
-use peers::{PeerError, Peers};
+use peers::{Kept, PeerError, Peers};
 
 /// How long a request waits for an agent when the caller sets no shorter deadline: long enough
 /// to ride out an agentk restart, short enough that a caller is not left hanging.
@@ -143,6 +143,27 @@ impl Limits {
     }
 }
 
+/// Routes a request again after its kept forwarded stream failed before the response (see
+/// `tunnel::Reroute`): as the first time, within the request's deadline, on fresh streams only.
+struct RouteAgain {
+    router: Router,
+    target: Target,
+    deadline: Instant,
+    /// The peer whose kept stream failed.
+    peer: String,
+}
+
+#[async_trait::async_trait]
+impl crate::tunnel::Reroute for RouteAgain {
+    async fn reroute(&self, failed: &tonic::Status) -> Result<TunnelIo, KasError> {
+        self.router.peers.stream_failed(&self.peer, failed);
+        self.router.locations.forget(self.target.agent_id);
+        let started = Instant::now();
+        let wait = self.deadline.saturating_duration_since(started);
+        self.router.route_inner(&self.target, Some(wait), started, Kept::Refused).await.map(|(io, _)| io)
+    }
+}
+
 /// Where the routing kas looks for an agent's connections on other kas.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Lookup {
@@ -219,10 +240,12 @@ impl Router {
     pub async fn route(&self, target: &Target, caller_deadline: Option<Duration>) -> Result<TunnelIo, KasError> {
         let started = Instant::now();
         let result = match self.limits.acquire(target.agent_id) {
-            Ok(permits) => self.route_inner(target, caller_deadline, started).await.map(|(io, outcome)| {
-                io.hold(permits);
-                (io, outcome)
-            }),
+            Ok(permits) => {
+                self.route_inner(target, caller_deadline, started, Kept::Allowed).await.map(|(io, outcome)| {
+                    io.hold(permits);
+                    (io, outcome)
+                })
+            }
             Err(e) => Err(e),
         };
         let outcome = match &result {
@@ -245,6 +268,7 @@ impl Router {
         target: &Target,
         caller_deadline: Option<Duration>,
         started: Instant,
+        kept: Kept,
     ) -> Result<(TunnelIo, RouteOutcome), KasError> {
         target.validate()?;
         let (wait, caller_bound) = self.wait_for(caller_deadline);
@@ -256,7 +280,7 @@ impl Router {
         if let Some(t) = self.tunnels.find_now(target.query()).await.map_err(|_| KasError::ShuttingDown)? {
             return Ok(self.routed(target, t.io, RouteOutcome::Local, started));
         }
-        if let Some(io) = self.try_peers(target, deadline, Lookup::Cached).await? {
+        if let Some(io) = self.try_peers(target, deadline, Lookup::Cached, kept).await? {
             return Ok(self.routed(target, io, RouteOutcome::Peer, started));
         }
         if target.wait_only_if_seen && !self.seen_recently(target.agent_id).await {
@@ -290,7 +314,7 @@ impl Router {
                     true
                 }
             };
-            if rescan && let Some(io) = self.try_peers(target, deadline, Lookup::Fresh).await? {
+            if rescan && let Some(io) = self.try_peers(target, deadline, Lookup::Fresh, kept).await? {
                 return Ok(self.routed(target, io, RouteOutcome::Waited, started));
             }
         }
@@ -361,9 +385,10 @@ impl Router {
         target: &Target,
         deadline: Instant,
         lookup: Lookup,
+        kept: Kept,
     ) -> Result<Option<TunnelIo>, KasError> {
         let (candidates, from_cache) = self.peer_candidates(target, lookup).await;
-        if let Some(io) = self.try_candidates(target, deadline, candidates).await? {
+        if let Some(io) = self.try_candidates(target, deadline, candidates, kept).await? {
             return Ok(Some(io));
         }
         if !from_cache {
@@ -371,7 +396,7 @@ impl Router {
         }
         self.locations.forget(target.agent_id);
         let (candidates, _) = self.peer_candidates(target, Lookup::Fresh).await;
-        self.try_candidates(target, deadline, candidates).await
+        self.try_candidates(target, deadline, candidates, kept).await
     }
 
     async fn try_candidates(
@@ -379,14 +404,27 @@ impl Router {
         target: &Target,
         deadline: Instant,
         candidates: Vec<ConnectedAgentInfo>,
+        kept: Kept,
     ) -> Result<Option<TunnelIo>, KasError> {
         for candidate in candidates {
             let wait = deadline.saturating_duration_since(Instant::now());
             if wait.is_zero() {
                 break;
             }
-            match self.peers.open(&candidate, &target.method, wait).await {
-                Ok(io) => return Ok(Some(io)),
+            match self.peers.open(&candidate, &target.method, wait, kept).await {
+                Ok(io) => {
+                    if io.is_kept()
+                        && let Some(peer) = peers::peer_address(&candidate)
+                    {
+                        io.enable_replay(Box::new(RouteAgain {
+                            router: self.clone(),
+                            target: target.clone(),
+                            deadline,
+                            peer,
+                        }));
+                    }
+                    return Ok(Some(io));
+                }
                 Err(PeerError::NotHere) => {
                     self.locations.forget(target.agent_id);
                     crate::metrics::peer_error("not_here");
@@ -430,6 +468,12 @@ impl Router {
             Ok(Err(_)) => Err(KasError::ShuttingDown),
             Err(_) => Err(self.explain_timeout(target, started.elapsed(), caller_bound).await),
         }
+    }
+
+    /// Cancelled when this kas no longer holds the target's connection (see
+    /// [`TunnelRegistry::connection_gone`]).
+    pub async fn connection_gone(&self, target: &Target) -> Result<tokio_util::sync::CancellationToken, KasError> {
+        self.tunnels.connection_gone(target.agent_id, target.connection_id).await.map_err(|_| KasError::ShuttingDown)
     }
 
     async fn explain_timeout(&self, target: &Target, waited: Duration, caller_bound: bool) -> KasError {

@@ -14,8 +14,9 @@ use std::time::Duration;
 use futures::StreamExt;
 use kas_proto::kas::kas_internal_client::KasInternalClient;
 use kas_proto::kas::{ConnectedAgentInfo, KasAddress};
-use kas_proto::metadata::{AUTHORIZATION, HOP_AGENT_ID, HOP_CONNECTION_ID, HOP_METHOD};
+use kas_proto::metadata::{AUTHORIZATION, HOP_AGENT_ID, HOP_CONNECTION_ID, HOP_METHOD, HOP_REUSABLE};
 use kas_proto::tunnel::pb::ConnectResponse;
+use kas_proto::{AgentId, ConnectionId};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
@@ -26,6 +27,7 @@ use crate::auth::jwt::{KAS_AUDIENCE, KAS_ISSUER};
 use crate::auth::{Secret, mint_jwt};
 use crate::error::KasError;
 use crate::tunnel::TunnelIo;
+use crate::tunnel::forwards::{ForwardKey, IdleForwards};
 
 /// Peer connections ping this long after they last received anything (while a forward is
 /// open): a hung kas is noticed in interval + timeout, well inside a request's budget.
@@ -55,6 +57,19 @@ const PEER_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// rolling restart leaves its records, and so its use, behind); forwards still open on its
 /// channel keep it, and the next request dials again.
 const PEER_FORGET_AFTER: Duration = Duration::from_secs(60);
+
+/// Whether a request may take a forwarded stream kept from an earlier one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kept {
+    Allowed,
+    /// Only a fresh stream (the request is being routed again after a kept one failed).
+    Refused,
+}
+
+/// `ip:port` of the kas holding `connection`, as peers are keyed.
+pub fn peer_address(connection: &ConnectedAgentInfo) -> Option<String> {
+    connection.kas_address.as_ref().map(socket_address)
+}
 
 /// Why a peer could not take a request; the router tries the next connection in every case
 /// but `Failed`.
@@ -100,6 +115,8 @@ struct Shared {
     up: watch::Sender<u64>,
     /// Ends the probe tasks when `Peers` is dropped.
     stop: CancellationToken,
+    /// Forwarded tunnels kept after an exchange, for the next request to the same connection.
+    forwards: Arc<IdleForwards>,
 }
 
 pub struct Peers {
@@ -124,6 +141,7 @@ impl Peers {
                 last_sweep: Mutex::new(Instant::now()),
                 up: watch::channel(0).0,
                 stop: CancellationToken::new(),
+                forwards: Arc::default(),
             }),
         }
     }
@@ -141,6 +159,7 @@ impl Peers {
             last_sweep: Mutex::new(Instant::now()),
             up: watch::channel(0).0,
             stop: CancellationToken::new(),
+            forwards: Arc::default(),
         };
         edit(&mut shared);
         Self { shared: Arc::new(shared) }
@@ -159,6 +178,11 @@ impl Peers {
         })
     }
 
+    /// Forwarded tunnels idle between requests (for tests and metrics).
+    pub fn idle_forwards(&self) -> usize {
+        self.shared.forwards.len()
+    }
+
     /// Changes each time a down peer comes back up.
     pub fn watch_up(&self) -> watch::Receiver<u64> {
         self.shared.up.subscribe()
@@ -167,18 +191,29 @@ impl Peers {
     /// Opens a forwarded tunnel to the kas holding `connection`. Returns once that kas has
     /// found a local tunnel for it (its response headers arrived), so nothing is sent to a kas
     /// that cannot serve the request.
+    /// `kept`: a stream kept from an earlier request to the same connection may be used (see
+    /// `tunnel::forwards`); then the tunnel [`TunnelIo::is_kept`] and nothing said the peer is
+    /// alive before the request goes out.
     pub async fn open(
         &self,
         connection: &ConnectedAgentInfo,
         method: &str,
         wait: Duration,
+        kept: Kept,
     ) -> Result<TunnelIo, PeerError> {
-        let address = connection
-            .kas_address
-            .as_ref()
-            .map(socket_address)
+        let address = peer_address(connection)
             .ok_or_else(|| PeerError::Unavailable("connection record without a kas address".into()))?;
         let channel = self.shared.channel_if_up(&address)?;
+        let key = ForwardKey {
+            peer: address.clone(),
+            agent_id: AgentId(connection.id),
+            connection_id: ConnectionId(connection.connection_id),
+        };
+        if kept == Kept::Allowed
+            && let Some(io) = self.shared.forwards.take(&key)
+        {
+            return Ok(io);
+        }
         let mut client = KasInternalClient::new(channel);
         let (tx, rx) = mpsc::channel(PEER_SEND_BUFFER);
         let mut request = tonic::Request::new(ReceiverStream::new(rx));
@@ -193,6 +228,7 @@ impl Peers {
         insert(HOP_AGENT_ID, connection.id.to_string());
         insert(HOP_CONNECTION_ID, connection.connection_id.to_string());
         insert(HOP_METHOD, method.to_owned());
+        insert(HOP_REUSABLE, "1".to_owned());
         // Bounds the gateway's wait for a free tunnel (it ends at the response headers; the
         // stream itself is not limited, so long watches are not cut). A hung gateway is not
         // waited for until then: the keepalive ping closes its connection first.
@@ -200,7 +236,8 @@ impl Peers {
         match client.forward_tunnel(request).await {
             Ok(response) => {
                 let response_credit = response.metadata().contains_key(kas_proto::metadata::HOP_RESPONSE_CREDIT);
-                Ok(TunnelIo::remote(tx, response.into_inner().boxed(), response_credit))
+                let reuse = response.metadata().contains_key(HOP_REUSABLE).then(|| (self.shared.forwards.clone(), key));
+                Ok(TunnelIo::remote(tx, response.into_inner().boxed(), response_credit, reuse, false))
             }
             Err(status) if is_transport_failure(&status) => {
                 Shared::mark_down(&self.shared, &address, &status);
@@ -218,6 +255,14 @@ impl Peers {
 }
 
 impl Peers {
+    /// A kept stream to the peer at `address` failed with `status`: a transport failure marks
+    /// the peer down (as a failed open does), so the request's next route skips it.
+    pub fn stream_failed(&self, address: &str, status: &tonic::Status) {
+        if is_transport_failure(status) {
+            Shared::mark_down(&self.shared, address, status);
+        }
+    }
+
     /// The channel to the peer at `address` (shared with forwarded tunnels, so its health counts
     /// the same way) and the `authorization` value its internal listener wants: for the features'
     /// own `KasInternal`-side services.
@@ -308,6 +353,7 @@ impl Shared {
             // not hold its window (`kas_proto::flow`).
             .initial_stream_window_size(kas_proto::flow::STREAM_WINDOW)
             .initial_connection_window_size(kas_proto::flow::CONNECTION_WINDOW)
+            .max_frame_size(kas_proto::flow::MAX_FRAME_SIZE)
             // h2 counts every frame that arrives for a stream it reset and no longer remembers
             // as the peer's error and, at 1,024 over the connection's life, closes it with
             // GOAWAY: under load (kas-bench, 4,000 forwarded requests a second) that took the

@@ -121,7 +121,9 @@ pub struct TunnelSender {
 /// and the concurrency permits of the request using it. When both halves are gone after an
 /// exchange that ended cleanly, a reusable agentk tunnel goes back to the registry from here.
 struct Lifetime {
-    _done: DropGuard,
+    /// Cancels the stream's `ClosedSignal` when dropped; handed on to the next exchange's
+    /// lifetime when the tunnel is reused (one watcher per agentk stream, not per request).
+    done: Option<DropGuard>,
     permits: Mutex<Vec<tokio::sync::OwnedSemaphorePermit>>,
     /// Set when the request side failed (e.g. the caller's body broke): the response side stops.
     aborted: CancellationToken,
@@ -131,8 +133,69 @@ struct Lifetime {
     failed: AtomicBool,
     /// The response stream after the response ended, kept for the next exchange.
     rest: Mutex<Option<BoxStream<'static, Result<ConnectRequest, Status>>>>,
-    /// Set for an agentk tunnel whose Descriptor says `reusable`.
-    reuse: Mutex<Option<Reuse>>,
+    /// Set for an agentk tunnel whose Descriptor says `reusable`, and for a forwarded tunnel
+    /// whose gateway kas takes further exchanges.
+    reuse: Mutex<Option<Reusable>>,
+    /// A kept forwarded stream (see [`Replay`]): the request frames sent so far, while they can
+    /// be sent again elsewhere.
+    replay: Mutex<Option<Replay>>,
+}
+
+/// Finds another tunnel for a request whose kept forwarded stream failed before any response
+/// frame: the router, with the target and deadline of the request.
+#[async_trait::async_trait]
+pub trait Reroute: Send + Sync {
+    /// `failed`: how the kept stream ended. Never returns a kept stream.
+    async fn reroute(&self, failed: &Status) -> Result<TunnelIo, KasError>;
+}
+
+/// What a request sent on a kept forwarded stream needs to be sent again. A kept stream has no
+/// response headers to say its peer is alive before the request goes out (a fresh one does: a
+/// hung or dead peer fails it before anything is sent, and the router tries elsewhere); so a
+/// request sent whole on it (CloseSend included, at most [`REPLAY_LIMIT`] bytes of body: a GET,
+/// a unary call) whose stream fails before any response frame is routed again, as it would have
+/// been on a fresh stream. A larger or streaming request fails, as any request does when its
+/// tunnel breaks.
+struct Replay {
+    reroute: Box<dyn Reroute>,
+    /// `None` once the request outgrew [`REPLAY_LIMIT`].
+    frames: Option<Vec<ConnectResponse>>,
+    bytes: usize,
+}
+
+/// Body bytes of a request kept for sending again (one body message).
+const REPLAY_LIMIT: usize = kas_proto::flow::MAX_CHUNK;
+
+impl Replay {
+    fn record(&mut self, frame: &ConnectResponse) {
+        let Some(frames) = &mut self.frames else { return };
+        match &frame.msg {
+            // Credit belongs to the stream it was granted on.
+            Some(connect_response::Msg::WindowUpdate(_)) => {}
+            Some(connect_response::Msg::Message(m)) if self.bytes + m.data.len() > REPLAY_LIMIT => self.frames = None,
+            msg => {
+                if let Some(connect_response::Msg::Message(m)) = msg {
+                    self.bytes += m.data.len();
+                }
+                frames.push(frame.clone());
+            }
+        }
+    }
+}
+
+/// Where a tunnel goes after an exchange that ended cleanly both ways.
+enum Reusable {
+    /// Back into the tunnel registry (an agentk tunnel).
+    Agent(Reuse),
+    /// Back into the routing kas's idle forwarded tunnels.
+    Peer {
+        pool: Arc<super::forwards::IdleForwards>,
+        key: super::forwards::ForwardKey,
+        to_peer: ToPeer,
+        response_credit: bool,
+        /// Taken from the pool (not opened for this request).
+        kept: bool,
+    },
 }
 
 /// What a reusable agentk tunnel needs to be registered again.
@@ -143,6 +206,8 @@ pub(super) struct Reuse {
     pub methods: Vec<String>,
     pub to_agent: ToAgent,
     pub response_credit: bool,
+    /// The tunnel's id in the registry, the same for every exchange it carries.
+    pub id: u64,
 }
 
 impl Drop for Lifetime {
@@ -152,10 +217,19 @@ impl Drop for Lifetime {
         let reuse = self.reuse.get_mut().unwrap_or_else(PoisonError::into_inner).take();
         let finished = !*self.failed.get_mut() && !self.aborted.is_cancelled() && lock(&self.order).is_finished();
         match reuse {
-            Some(r) if finished && !r.to_agent.is_closed() => {
+            Some(Reusable::Agent(r)) if finished && !r.to_agent.is_closed() => {
                 metrics::counter!(super::TUNNELS_REUSED).increment(1);
-                let (io, closed) = TunnelIo::local(r.to_agent, rest, FrameOrder::after_descriptor(), r.response_credit);
-                r.registry.register_again(r.agent_id, r.connection_id, r.methods, io, closed);
+                let io = TunnelIo::new(
+                    Outbound::Agent(r.to_agent.clone()),
+                    rest,
+                    FrameOrder::after_descriptor(),
+                    self.done.take(),
+                    r.response_credit,
+                );
+                r.registry.register_again(r.agent_id, r.connection_id, r.methods, io, r.to_agent, r.id);
+            }
+            Some(Reusable::Peer { pool, key, to_peer, response_credit, .. }) if finished && !to_peer.is_closed() => {
+                pool.put(key, to_peer, rest, response_credit);
             }
             // Not reusable, or the exchange did not end cleanly: the stream ends (kas's side is
             // dropped with this tunnel) and agentk's side is read to its end, not reset.
@@ -178,6 +252,11 @@ pub struct TunnelReceiver {
     last_message: usize,
     /// Credit granted but not sent yet (the request side's channel was full).
     pending_credit: u32,
+    /// The tunnel the request was sent on again after its kept stream failed (see [`Replay`]):
+    /// the response comes from there.
+    rerouted: Option<Box<(TunnelSender, TunnelReceiver)>>,
+    /// How the stream failed, kept for [`Reroute`] (it tells a dead peer from a refusal).
+    stream_failure: Option<Status>,
     _lifetime: Arc<Lifetime>,
 }
 
@@ -222,23 +301,32 @@ impl TunnelIo {
     ) -> (Self, ClosedSignal) {
         let done = CancellationToken::new();
         let signal = ClosedSignal { to_agent: to_agent.clone(), done: done.clone() };
-        (Self::new(Outbound::Agent(to_agent), from_agent, order, done, response_credit), signal)
+        (Self::new(Outbound::Agent(to_agent), from_agent, order, Some(done.drop_guard()), response_credit), signal)
     }
 
     /// A tunnel through another kas (its Descriptor was consumed there); `response_credit`: the
     /// peer relays `WindowUpdate` frames (`kas_proto::metadata::HOP_RESPONSE_CREDIT`).
+    /// `reuse`: the gateway takes further exchanges on this stream (`HOP_REUSABLE`), and the
+    /// pool it goes back to after one that ended cleanly.
     pub fn remote(
         to_peer: ToPeer,
         from_peer: BoxStream<'static, Result<ConnectRequest, Status>>,
         response_credit: bool,
+        reuse: Option<(Arc<super::forwards::IdleForwards>, super::forwards::ForwardKey)>,
+        kept: bool,
     ) -> Self {
-        Self::new(
-            Outbound::Peer(to_peer),
+        let io = Self::new(
+            Outbound::Peer(to_peer.clone()),
             from_peer,
             FrameOrder::after_descriptor(),
-            CancellationToken::new(),
+            None,
             response_credit,
-        )
+        );
+        if let Some((pool, key)) = reuse {
+            *io.sender._lifetime.reuse.lock().unwrap_or_else(PoisonError::into_inner) =
+                Some(Reusable::Peer { pool, key, to_peer, response_credit, kept });
+        }
+        io
     }
 
     /// This kas relays the tunnel for a routing kas, which grants the response credit itself:
@@ -252,12 +340,12 @@ impl TunnelIo {
         out: Outbound,
         from: BoxStream<'static, Result<ConnectRequest, Status>>,
         order: FrameOrder,
-        done: CancellationToken,
+        done: Option<DropGuard>,
         response_credit: bool,
     ) -> Self {
         let order = Arc::new(Mutex::new(order));
         let lifetime = Arc::new(Lifetime {
-            _done: done.drop_guard(),
+            done,
             permits: Mutex::default(),
             aborted: CancellationToken::new(),
             abort_reason: Mutex::default(),
@@ -265,6 +353,7 @@ impl TunnelIo {
             failed: AtomicBool::new(false),
             rest: Mutex::default(),
             reuse: Mutex::default(),
+            replay: Mutex::default(),
         });
         Self {
             sender: TunnelSender {
@@ -281,6 +370,8 @@ impl TunnelIo {
                 window: response_credit.then(ResponseWindow::new),
                 last_message: 0,
                 pending_credit: 0,
+                rerouted: None,
+                stream_failure: None,
                 _lifetime: lifetime,
             },
         }
@@ -294,7 +385,23 @@ impl TunnelIo {
     /// Descriptor said `reusable`); it then registers itself again when both halves are dropped.
     pub(super) fn enable_reuse(&self, mut reuse: Reuse) {
         reuse.response_credit = self.sender.takes_window_updates;
-        *self.sender._lifetime.reuse.lock().unwrap_or_else(PoisonError::into_inner) = Some(reuse);
+        *self.sender._lifetime.reuse.lock().unwrap_or_else(PoisonError::into_inner) = Some(Reusable::Agent(reuse));
+    }
+
+    /// Whether this is a kept forwarded stream (taken from the idle forwards, not opened for this
+    /// request).
+    pub fn is_kept(&self) -> bool {
+        matches!(
+            *self.sender._lifetime.reuse.lock().unwrap_or_else(PoisonError::into_inner),
+            Some(Reusable::Peer { kept: true, .. })
+        )
+    }
+
+    /// Lets a request on a kept forwarded stream be routed again if the stream fails before any
+    /// response frame (see [`Replay`]).
+    pub fn enable_replay(&self, reroute: Box<dyn Reroute>) {
+        *self.sender._lifetime.replay.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some(Replay { reroute, frames: Some(Vec::new()), bytes: 0 });
     }
 
     /// Keeps concurrency permits until the tunnel (both halves) is dropped: a streaming request
@@ -373,8 +480,16 @@ impl TunnelSender {
         // put back believing agentk got a CloseSend it never got).
         let permit = self.out.reserve().await.map_err(|()| KasError::Tunnel("the tunnel closed".into()))?;
         self.check(&frame)?;
+        self.record(&frame);
         permit.send(frame);
         Ok(())
+    }
+
+    /// Keeps a copy of the frame while the request may be sent again (see [`Replay`]).
+    fn record(&self, frame: &ConnectResponse) {
+        if let Some(replay) = self._lifetime.replay.lock().unwrap_or_else(PoisonError::into_inner).as_mut() {
+            replay.record(frame);
+        }
     }
 
     /// Sends frames together (at most [`kas_proto::flow::HOP_BUFFER`]): queued with no await
@@ -392,6 +507,7 @@ impl TunnelSender {
             self.out.reserve_many(frames.len()).await.map_err(|()| KasError::Tunnel("the tunnel closed".into()))?;
         for (frame, permit) in frames.into_iter().zip(permits) {
             self.check(&frame)?;
+            self.record(&frame);
             permit.send(frame);
         }
         Ok(())
@@ -421,6 +537,70 @@ impl TunnelReceiver {
     /// Asking for the next frame means the reader took the previous one: that grants response
     /// credit, sent while waiting for the next frame.
     pub async fn recv(&mut self) -> Result<Option<connect_request::Msg>, KasError> {
+        if self.rerouted.is_some() {
+            return self.recv_rerouted().await;
+        }
+        let failed = match self.recv_here().await {
+            Err(KasError::Tunnel(failed)) => Err(KasError::Tunnel(failed)),
+            Ok(None) => Ok(None),
+            other => return other,
+        };
+        match self.replay_elsewhere().await {
+            Some(Ok(())) => self.recv_rerouted().await,
+            Some(Err(e)) => Err(e),
+            None => failed,
+        }
+    }
+
+    /// The response from the tunnel the request was sent on again.
+    async fn recv_rerouted(&mut self) -> Result<Option<connect_request::Msg>, KasError> {
+        let aborted = self._lifetime.aborted.clone();
+        let Some(rerouted) = self.rerouted.as_mut() else {
+            return Err(KasError::Internal("no rerouted tunnel".into()));
+        };
+        tokio::select! {
+            biased;
+            () = aborted.cancelled() => {
+                let error = self._lifetime.abort_reason.lock().unwrap_or_else(PoisonError::into_inner).clone();
+                Err(error.unwrap_or_else(|| KasError::InvalidArgument("the request was aborted".into())))
+            }
+            // Boxed: a rerouted tunnel's receiver is a receiver too (it never reroutes again).
+            next = Box::pin(rerouted.1.recv()) => next,
+        }
+    }
+
+    /// After this kept stream failed: the request sent again through another tunnel, if it was
+    /// sent whole and nothing of the response came (`None`: it cannot be).
+    async fn replay_elsewhere(&mut self) -> Option<Result<(), KasError>> {
+        let replay = {
+            let mut replay = self._lifetime.replay.lock().unwrap_or_else(PoisonError::into_inner);
+            let complete = replay.as_ref().is_some_and(|r| r.frames.is_some())
+                && !self._lifetime.failed.load(Ordering::Acquire)
+                && lock(&self.order).is_request_closed()
+                && lock(&self.order).is_awaiting_header();
+            if !complete {
+                return None;
+            }
+            replay.take()?
+        };
+        let frames = replay.frames?;
+        let failed = self.stream_failure.take().unwrap_or_else(|| Status::unavailable("the kept stream ended"));
+        tracing::debug!(error = %failed.message(), "a kept forwarded stream failed before the response; routing the request again");
+        metrics::counter!(super::forwards::FORWARDS_REROUTED).increment(1);
+        let io = match replay.reroute.reroute(&failed).await {
+            Ok(io) => io,
+            Err(e) => return Some(Err(e)),
+        };
+        let (sender, receiver) = io.split();
+        if let Err(e) = sender.send_all(frames).await {
+            return Some(Err(e));
+        }
+        self._lifetime.failed.store(true, Ordering::Release);
+        self.rerouted = Some(Box::new((sender, receiver)));
+        Some(Ok(()))
+    }
+
+    async fn recv_here(&mut self) -> Result<Option<connect_request::Msg>, KasError> {
         if let Some(window) = &mut self.window
             && self.last_message > 0
         {
@@ -447,7 +627,11 @@ impl TunnelReceiver {
         };
         let frame = match next {
             None => return Ok(None),
-            Some(Err(status)) => return Err(stream_error(status)),
+            Some(Err(status)) => {
+                let error = stream_error(&status);
+                self.stream_failure = Some(status);
+                return Err(error);
+            }
             Some(Ok(frame)) => frame,
         };
         if let Err(violation) = check(&self.order, |o| frame.kind().and_then(|kind| o.response(kind))) {
@@ -476,7 +660,10 @@ impl TunnelReceiver {
 
     /// Whether the response has ended (Trailer or Error seen).
     pub fn is_done(&self) -> bool {
-        lock(&self.order).is_done()
+        match &self.rerouted {
+            Some(rerouted) => rerouted.1.is_done(),
+            None => lock(&self.order).is_done(),
+        }
     }
 
     fn abort(&self, why: &str) -> KasError {
@@ -500,7 +687,7 @@ pub async fn read_to_end<T, E>(mut rest: impl futures::Stream<Item = Result<T, E
 
 /// A failed tunnel stream (agentk went away, or the gateway kas ended the forwarded stream; agent
 /// errors travel as `Error` frames, not as stream statuses).
-fn stream_error(status: Status) -> KasError {
+fn stream_error(status: &Status) -> KasError {
     KasError::Tunnel(format!("tunnel stream failed: {}", status.message()))
 }
 

@@ -7,9 +7,10 @@
 //! than the idle timeout is closed here (agentk opens as many again as it still wants): that
 //! is how idle tunnels shrink after load, closed by the one side that hands them out.
 
+pub mod forwards;
 mod io;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use kas_proto::{AgentId, ConnectionId};
@@ -17,7 +18,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 pub use io::{
-    ClosedSignal, ToAgent, ToPeer, TunnelIo, TunnelReceiver, TunnelSender, UnaryResponse, agent_error, read_to_end,
+    ClosedSignal, Reroute, ToAgent, ToPeer, TunnelIo, TunnelReceiver, TunnelSender, UnaryResponse, agent_error,
+    read_to_end,
 };
 
 /// Counter of agentk tunnels put back into the idle pool after an exchange (described with
@@ -60,8 +62,6 @@ enum Added {
     Once,
     /// New, and back after each exchange that ends cleanly.
     Reusable,
-    /// Back from an exchange.
-    Again,
 }
 
 /// A counted snapshot, for readiness, metrics and tests.
@@ -76,6 +76,7 @@ enum Command {
     ConnectionUp { agent_id: AgentId, connection_id: ConnectionId, reply: oneshot::Sender<bool> },
     ConnectionDown { agent_id: AgentId, connection_id: ConnectionId },
     HasConnection { agent_id: AgentId, connection_id: ConnectionId, reply: oneshot::Sender<bool> },
+    ConnectionGone { agent_id: AgentId, connection_id: ConnectionId, reply: oneshot::Sender<CancellationToken> },
     Register { tunnel: IdleTunnel, again: bool },
     Remove { agent_id: AgentId, id: u64 },
     Find { query: TunnelQuery, reply: oneshot::Sender<IdleTunnel> },
@@ -128,6 +129,18 @@ impl TunnelRegistry {
         rx.await.map_err(|_| Stopped)
     }
 
+    /// Cancelled when the connection goes down here (at once if it is not held here): what
+    /// waits on a connection for longer than one request (a forwarded stream between exchanges).
+    pub async fn connection_gone(
+        &self,
+        agent_id: AgentId,
+        connection_id: ConnectionId,
+    ) -> Result<CancellationToken, Stopped> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(Command::ConnectionGone { agent_id, connection_id, reply }).map_err(|_| Stopped)?;
+        rx.await.map_err(|_| Stopped)
+    }
+
     /// Adds an idle tunnel; it is removed again when agentk goes away (`closed`). A `reusable`
     /// tunnel (agentk's Descriptor) registers itself again after each exchange that ended cleanly.
     pub fn register(
@@ -143,18 +156,43 @@ impl TunnelRegistry {
     }
 
     /// A reused tunnel back from an exchange: kept only while its connection is still held here
-    /// (after the connection went down, idle tunnels of it are not handed out again).
+    /// (after the connection went down, idle tunnels of it are not handed out again). Same id,
+    /// and no new watcher: the one started at its first registration watches its stream.
     fn register_again(
         &self,
         agent_id: AgentId,
         connection_id: ConnectionId,
         methods: Vec<String>,
         io: TunnelIo,
-        closed: ClosedSignal,
+        to_agent: ToAgent,
+        id: u64,
     ) {
-        self.add(agent_id, connection_id, methods, io, closed, Added::Again);
+        self.enable_reuse(&io, agent_id, connection_id, &methods, to_agent, id);
+        let tunnel = IdleTunnel { agent_id, connection_id, methods, io, id, since: tokio::time::Instant::now() };
+        let _ = self.tx.send(Command::Register { tunnel, again: true });
     }
 
+    fn enable_reuse(
+        &self,
+        io: &TunnelIo,
+        agent_id: AgentId,
+        connection_id: ConnectionId,
+        methods: &[String],
+        to_agent: ToAgent,
+        id: u64,
+    ) {
+        io.enable_reuse(io::Reuse {
+            registry: self.clone(),
+            agent_id,
+            connection_id,
+            methods: methods.to_vec(),
+            to_agent,
+            response_credit: false,
+            id,
+        });
+    }
+
+    /// A new tunnel: registered, and watched until agentk goes away or it is done for good.
     fn add(
         &self,
         agent_id: AgentId,
@@ -164,20 +202,12 @@ impl TunnelRegistry {
         closed: ClosedSignal,
         added: Added,
     ) {
-        let again = added == Added::Again;
-        if added != Added::Once {
-            io.enable_reuse(io::Reuse {
-                registry: self.clone(),
-                agent_id,
-                connection_id,
-                methods: methods.clone(),
-                to_agent: closed.to_agent.clone(),
-                response_credit: false,
-            });
-        }
         let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if added == Added::Reusable {
+            self.enable_reuse(&io, agent_id, connection_id, &methods, closed.to_agent.clone(), id);
+        }
         let tunnel = IdleTunnel { agent_id, connection_id, methods, io, id, since: tokio::time::Instant::now() };
-        if self.tx.send(Command::Register { tunnel, again }).is_err() {
+        if self.tx.send(Command::Register { tunnel, again: false }).is_err() {
             return; // shutting down: dropping the tunnel ends it
         }
         let tx = self.tx.clone();
@@ -215,7 +245,8 @@ struct Waiter {
 
 #[derive(Default)]
 struct State {
-    connections: HashMap<AgentId, HashSet<ConnectionId>>,
+    /// Each held connection, with the token cancelled when it goes down.
+    connections: HashMap<AgentId, HashMap<ConnectionId, CancellationToken>>,
     idle: HashMap<AgentId, Vec<IdleTunnel>>,
     waiters: HashMap<AgentId, VecDeque<Waiter>>,
 }
@@ -224,7 +255,12 @@ impl State {
     fn handle(&mut self, cmd: Command) {
         match cmd {
             Command::ConnectionUp { agent_id, connection_id, reply } => {
-                let _ = reply.send(self.connections.entry(agent_id).or_default().insert(connection_id));
+                let held = self.connections.entry(agent_id).or_default();
+                let new = !held.contains_key(&connection_id);
+                if new {
+                    held.insert(connection_id, CancellationToken::new());
+                }
+                let _ = reply.send(new);
             }
             Command::ConnectionDown { agent_id, connection_id } => {
                 // Its idle tunnels end here, by kas: agentk waits for that instead of closing
@@ -236,21 +272,34 @@ impl State {
                     }
                 }
                 if let Some(set) = self.connections.get_mut(&agent_id) {
-                    set.remove(&connection_id);
+                    if let Some(gone) = set.remove(&connection_id) {
+                        gone.cancel();
+                    }
                     if set.is_empty() {
                         self.connections.remove(&agent_id);
                     }
                 }
             }
             Command::HasConnection { agent_id, connection_id, reply } => {
-                let has = self
-                    .connections
-                    .get(&agent_id)
-                    .is_some_and(|s| if connection_id.is_any() { !s.is_empty() } else { s.contains(&connection_id) });
+                let has = self.connections.get(&agent_id).is_some_and(|s| {
+                    if connection_id.is_any() { !s.is_empty() } else { s.contains_key(&connection_id) }
+                });
                 let _ = reply.send(has);
             }
+            Command::ConnectionGone { agent_id, connection_id, reply } => {
+                let token = match self.connections.get(&agent_id).and_then(|s| s.get(&connection_id)) {
+                    Some(token) => token.clone(),
+                    None => {
+                        let gone = CancellationToken::new();
+                        gone.cancel();
+                        gone
+                    }
+                };
+                let _ = reply.send(token);
+            }
             Command::Register { tunnel, again } => {
-                let held = self.connections.get(&tunnel.agent_id).is_some_and(|s| s.contains(&tunnel.connection_id));
+                let held =
+                    self.connections.get(&tunnel.agent_id).is_some_and(|s| s.contains_key(&tunnel.connection_id));
                 if again && !held {
                     return; // its connection went down meanwhile: dropping the tunnel ends it
                 }
@@ -273,7 +322,7 @@ impl State {
             }
             Command::Stats { reply } => {
                 let _ = reply.send(TunnelStats {
-                    connections: self.connections.values().map(HashSet::len).sum(),
+                    connections: self.connections.values().map(HashMap::len).sum(),
                     idle_tunnels: self.idle.values().map(Vec::len).sum(),
                     waiting_requests: self.waiters.values().flatten().filter(|w| !w.reply.is_closed()).count(),
                 });
@@ -389,12 +438,12 @@ mod tests {
         let (agent, connection) = (AgentId(1), ConnectionId(7));
         assert!(registry.connection_up(agent, connection).await.unwrap());
         let (io, closed, _kept) = tunnel();
-        registry.register_again(agent, connection, vec!["m".into()], io, closed);
+        registry.register_again(agent, connection, vec!["m".into()], io, closed.to_agent, 1);
         assert_eq!(registry.stats().await.unwrap().idle_tunnels, 1);
         registry.connection_down(agent, connection);
         assert_eq!(registry.stats().await.unwrap().idle_tunnels, 0, "the connection's idle tunnels end with it");
         let (io, closed, mut dropped) = tunnel();
-        registry.register_again(agent, connection, vec!["m".into()], io, closed);
+        registry.register_again(agent, connection, vec!["m".into()], io, closed.to_agent, 2);
         assert_eq!(registry.stats().await.unwrap().idle_tunnels, 0);
         // Dropped, so the stream to agentk ends.
         assert!(dropped.recv().await.is_none());
