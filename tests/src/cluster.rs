@@ -496,6 +496,19 @@ impl Cluster {
             .map_or(0, |v| v.trim().parse::<f64>().expect("a counter value") as u64)
     }
 
+    /// GET `path` on kas number `kas`'s REST gateway as GitLab would call it; panics unless 200,
+    /// returns the body.
+    pub async fn rest_get_ok(&self, kas: usize, path: &str) -> String {
+        let response = reqwest::Client::new()
+            .get(format!("{}{path}", self.rest_url(kas)))
+            .bearer_auth(self.gitlab_jwt())
+            .send()
+            .await
+            .expect("REST request");
+        assert_eq!(response.status(), 200, "GET {path} on kas {kas}");
+        response.text().await.expect("REST body")
+    }
+
     /// Base URL of kas number `kas`'s REST gateway, e.g. `http://127.0.0.1:40123`.
     /// The rest listener's base URL (`https://localhost:port` when it serves TLS).
     pub fn rest_url(&self, kas: usize) -> String {

@@ -13,14 +13,7 @@ async fn reused(c: &Cluster, kas: usize) -> u64 {
 }
 
 async fn get_pods(c: &Cluster, kas: usize) -> String {
-    let response = reqwest::Client::new()
-        .get(format!("{}{PODS}", c.rest_url(kas)))
-        .bearer_auth(c.gitlab_jwt())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    response.text().await.unwrap()
+    c.rest_get_ok(kas, PODS).await
 }
 
 /// `kas_forwards_reused_total` (counted by the routing kas).
