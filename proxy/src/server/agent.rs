@@ -66,10 +66,18 @@ fn for_agent(mut response: pb::ConfigurationResponse, agent_id: AgentId) -> pb::
     response
 }
 
+/// A response stream whose items travel boxed through their channel: tokio's channel allocates
+/// 32 slots up front and every connected agent holds one per stream (see [`crate::tunnel::ToAgentItem`]).
+type Unboxed<T> = futures::stream::Map<ReceiverStream<Box<T>>, fn(Box<T>) -> T>;
+
+fn unboxed<T>(rx: mpsc::Receiver<Box<T>>) -> Unboxed<T> {
+    ReceiverStream::new(rx).map((|item: Box<T>| *item) as fn(Box<T>) -> T)
+}
+
 #[tonic::async_trait]
 impl AgentTunnel for AgentService {
-    type GetConfigurationStream = ReceiverStream<Result<pb::ConfigurationResponse, Status>>;
-    type ConnectStream = ReceiverStream<Result<ConnectResponse, Status>>;
+    type GetConfigurationStream = Unboxed<Result<pb::ConfigurationResponse, Status>>;
+    type ConnectStream = Unboxed<Result<ConnectResponse, Status>>;
 
     async fn get_configuration(
         &self,
@@ -142,7 +150,7 @@ impl AgentTunnel for AgentService {
             let mut last_commit = req.commit_id;
             if first.commit_id != last_commit {
                 last_commit.clone_from(&first.commit_id);
-                let _ = tx.send(Ok(first)).await;
+                let _ = tx.send(Box::new(Ok(first))).await;
             }
             loop {
                 let since = tokio::select! {
@@ -161,7 +169,7 @@ impl AgentTunnel for AgentService {
                     Ok(update) if update.commit_id != last_commit => {
                         tracing::info!(%agent_id, commit_id = %update.commit_id, "agent configuration changed");
                         last_commit.clone_from(&update.commit_id);
-                        if tx.send(Ok(update)).await.is_err() {
+                        if tx.send(Box::new(Ok(update))).await.is_err() {
                             break;
                         }
                     }
@@ -169,7 +177,7 @@ impl AgentTunnel for AgentService {
                     // An invalid file ends the stream; agentk keeps its last good configuration.
                     Err(e @ crate::error::KasError::InvalidAgentConfiguration(_)) => {
                         tracing::warn!(%agent_id, error = %e, "invalid agent configuration");
-                        let _ = tx.send(Err(e.into())).await;
+                        let _ = tx.send(Box::new(Err(e.into()))).await;
                         break;
                     }
                     // Transient (repository unreadable): keep the connection, try next period.
@@ -179,7 +187,7 @@ impl AgentTunnel for AgentService {
             drop(tx);
             disconnect(&*registry, &tunnels, agent_id, project_id, connection_id).await;
         });
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Ok(Response::new(unboxed(rx)))
     }
 
     async fn connect(
@@ -207,7 +215,7 @@ impl AgentTunnel for AgentService {
         let (tx, rx) = mpsc::channel(TUNNEL_SEND_BUFFER);
         let (io, closed) = TunnelIo::local(tx, inbound.boxed(), order, descriptor.response_credit);
         self.tunnels.register(agent.agent_id, connection_id, descriptor.methods, io, closed, descriptor.reusable);
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Ok(Response::new(unboxed(rx)))
     }
 }
 

@@ -18,8 +18,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 pub use io::{
-    ClosedSignal, Reroute, ToAgent, ToPeer, TunnelIo, TunnelReceiver, TunnelSender, UnaryResponse, agent_error,
-    read_to_end,
+    ClosedSignal, Reroute, ToAgent, ToAgentItem, ToPeer, TunnelIo, TunnelReceiver, TunnelSender, UnaryResponse,
+    agent_error, read_to_end,
 };
 
 /// Counter of agentk tunnels put back into the idle pool after an exchange (described with
@@ -421,8 +421,7 @@ mod tests {
 
     use super::*;
 
-    fn tunnel()
-    -> (TunnelIo, ClosedSignal, mpsc::Receiver<Result<kas_proto::tunnel::pb::ConnectResponse, tonic::Status>>) {
+    fn tunnel() -> (TunnelIo, ClosedSignal, mpsc::Receiver<super::io::ToAgentItem>) {
         let (to_agent, from_kas) = mpsc::channel(1);
         let mut order = FrameOrder::new();
         order.response(kas_proto::tunnel::ResponseFrame::Descriptor).unwrap();
