@@ -121,6 +121,11 @@ fn init_logging(filter: &str, format: Option<LogFormat>) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// jemalloc, purging from its background threads: memory freed when agents leave goes back to
+/// the system within seconds (glibc's per-thread arenas kept a kas's peak RSS: issue 18).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
@@ -142,6 +147,11 @@ async fn main() -> anyhow::Result<()> {
         }
         None => {
             init_logging(&cli.log, cli.log_format)?;
+            // Without background threads jemalloc purges only while it allocates: an idle kas
+            // would keep what agents that left had used.
+            if let Err(e) = tikv_jemalloc_ctl::background_thread::write(true) {
+                tracing::warn!(error = %e, "cannot start jemalloc's background purging; freed memory stays with kas");
+            }
             let overrides =
                 [cli.agent_address, cli.api_address, cli.internal_address, cli.rest_address, cli.observability_address];
             run(cli.config, cli.dev_dir, overrides, cli.redis_url).await

@@ -165,7 +165,10 @@ impl AgentTunnel for AgentService {
                     // A push to the configuration project: read it now, not at the next period.
                     pushed = next_git_push(&mut pushes, |push| is_pushed(&agent, push)) => Some(pushed),
                 };
-                match configurations.configuration_since(&agent, since).await.map(|c| for_agent(c, agent_id)) {
+                // Boxed: the loop's future lives as long as the connection, and holding the read
+                // inline would size it for the read's state (memory per idle agent).
+                match Box::pin(configurations.configuration_since(&agent, since)).await.map(|c| for_agent(c, agent_id))
+                {
                     Ok(update) if update.commit_id != last_commit => {
                         tracing::info!(%agent_id, commit_id = %update.commit_id, "agent configuration changed");
                         last_commit.clone_from(&update.commit_id);

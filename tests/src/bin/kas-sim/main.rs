@@ -4,14 +4,16 @@
 //!
 //! `cargo build --release -p kas --bin kas && cargo run -p kas-e2e --bin kas-sim -- --agents 1000`
 //! (flags: `--scenario idle|failover --agents M --kas N --idle-tunnels K --connect-rate R
-//! --idle-secs W --rate Q --settle-secs S --victim-agents V --accept-rate A --accept-burst B --kas-bin PATH
+//! --idle-secs W --rate Q --settle-secs S --victim-agents V --accept-rate A --accept-burst B --drain-secs D --kas-bin PATH
 //! --out FILE`). It starts a private redis-server and N `kas --config` processes (the release
 //! binary by default) with a static agents file of M generated agents, connects M simulated
 //! agents (see `agent.rs`) round-robin over the kas at R per second and waits until the registry
 //! lists all of them. Then:
 //!
 //! - `idle` (default): measures an idle window of W seconds (with Q requests per second through
-//!   the agents when `--rate` is given), disconnects every agent and reports as Markdown;
+//!   the agents when `--rate` is given), disconnects every agent, samples kas's RSS again D
+//!   seconds after all left (default 30: the memory its allocator gave back) and reports as
+//!   Markdown;
 //! - `failover` (`failover.rs`): after S seconds, SIGKILLs kas-0 and measures until every agent
 //!   it held is registered on another kas and served (with `--victim-agents V`, the first V
 //!   agents start on kas-0 and the others round-robin on the rest).
@@ -50,7 +52,7 @@ const KAS_READY_WITHIN: Duration = Duration::from_secs(60);
 const SETTLE_WITHIN: Duration = Duration::from_secs(120);
 const POLL: Duration = Duration::from_millis(100);
 const FLAGS: &str = "--scenario idle|failover --agents M --kas N --idle-tunnels K --connect-rate R --idle-secs W \
-                     --rate Q --settle-secs S --victim-agents V --accept-rate A --accept-burst B --kas-bin PATH --out FILE";
+                     --rate Q --settle-secs S --victim-agents V --accept-rate A --accept-burst B --drain-secs D --kas-bin PATH --out FILE";
 
 #[derive(Debug, thiserror::Error)]
 enum SimError {
@@ -98,6 +100,8 @@ struct Args {
     /// kas's `limits.agent_connection_accept_rate` (its defaults when not given).
     accept_rate: Option<u32>,
     accept_burst: Option<u32>,
+    /// idle: seconds after all agents left until kas's RSS is sampled again (memory given back).
+    drain_secs: u64,
     kas_bin: PathBuf,
     out: Option<PathBuf>,
     /// The command line as given, for the report.
@@ -118,6 +122,7 @@ fn parse_args() -> Result<Args, SimError> {
         victim_agents: None,
         accept_rate: None,
         accept_burst: None,
+        drain_secs: 30,
         kas_bin: workspace.join("target/release/kas"),
         out: None,
         command: String::new(),
@@ -149,6 +154,7 @@ fn parse_args() -> Result<Args, SimError> {
             "--victim-agents" => a.victim_agents = Some(value.parse().map_err(|e| bad(&e))?),
             "--accept-rate" => a.accept_rate = Some(value.parse().map_err(|e| bad(&e))?),
             "--accept-burst" => a.accept_burst = Some(value.parse().map_err(|e| bad(&e))?),
+            "--drain-secs" => a.drain_secs = value.parse().map_err(|e| bad(&e))?,
             "--kas-bin" => a.kas_bin = value.into(),
             "--out" => a.out = Some(value.into()),
             other => return Err(SimError::Usage(format!("unknown flag {other}"))),
@@ -699,6 +705,9 @@ async fn run_idle(args: &Args) -> Result<String, SimError> {
     let after: Vec<KasSample> = sim.kas.iter().map(|k| kas_sample(k.pid())).collect();
     let redis_after = redis_sample(&mut sim.conn).await.map_err(|e| setup("redis INFO", e))?;
     sim.events.abort();
+    // What kas gives back to the system once nothing holds the memory (its allocator's purge).
+    tokio::time::sleep(Duration::from_secs(args.drain_secs)).await;
+    let drained: Vec<KasSample> = sim.kas.iter().map(|k| kas_sample(k.pid())).collect();
 
     let (refresh_ms, gc_ms) = refresh_and_gc(&sim.redis, args.agents).await?;
     let ticks_per_second = proc_stats::clock_ticks_per_second();
@@ -726,23 +735,25 @@ async fn run_idle(args: &Args) -> Result<String, SimError> {
     );
     let _ = writeln!(
         r,
-        "| kas | agents | RSS before (MiB) | RSS idle (MiB) | RSS per idle agent (KiB) | CPU s per minute per 1,000 idle agents | open fds before / idle | RSS after all left (MiB) | fds after |"
+        "| kas | agents | RSS before (MiB) | RSS idle (MiB) | RSS per idle agent (KiB) | CPU s per minute per 1,000 idle agents | open fds before / idle | RSS after all left (MiB) | RSS {} s later (MiB) | fds after |",
+        args.drain_secs
     );
-    let _ = writeln!(r, "| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    let _ = writeln!(r, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     for i in 0..args.kas {
         let n = (0..args.agents).filter(|&a| home(args, a) == i).count().max(1) as f64;
-        let (b, s, e, a) = (sim.before[i], idle_start[i], idle_end[i], after[i]);
+        let (b, s, e, a, d) = (sim.before[i], idle_start[i], idle_end[i], after[i], drained[i]);
         let per_agent_kib = (e.rss_kib as f64 - b.rss_kib as f64) / n;
         let cpu_s = e.cpu_ticks.saturating_sub(s.cpu_ticks) as f64 / ticks_per_second;
         let cpu_per_min_per_1000 = cpu_s * (60.0 / window) * (1000.0 / n);
         let _ = writeln!(
             r,
-            "| kas-{i} | {n} | {:.1} | {:.1} | {per_agent_kib:.1} | {cpu_per_min_per_1000:.2} | {} / {} | {:.1} | {} |",
+            "| kas-{i} | {n} | {:.1} | {:.1} | {per_agent_kib:.1} | {cpu_per_min_per_1000:.2} | {} / {} | {:.1} | {:.1} | {} |",
             b.rss_kib as f64 / 1024.0,
             e.rss_kib as f64 / 1024.0,
             b.fds,
             e.fds,
             a.rss_kib as f64 / 1024.0,
+            d.rss_kib as f64 / 1024.0,
             a.fds,
         );
     }
