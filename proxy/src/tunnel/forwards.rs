@@ -65,10 +65,41 @@ impl IdleForward {
     }
 }
 
+/// The idle streams by agent connection, and how many there are towards each peer (kept next to
+/// the map so that putting a stream back does not walk the whole pool).
+#[derive(Default)]
+struct Entries {
+    by_key: HashMap<ForwardKey, Vec<IdleForward>>,
+    per_peer: HashMap<String, usize>,
+}
+
+impl Entries {
+    fn pop(&mut self, key: &ForwardKey) -> Option<IdleForward> {
+        let list = self.by_key.get_mut(key)?;
+        let idle = list.pop();
+        if list.is_empty() {
+            self.by_key.remove(key);
+        }
+        if idle.is_some() {
+            self.forget(&key.peer, 1);
+        }
+        idle
+    }
+
+    fn forget(&mut self, peer: &str, n: usize) {
+        if let Some(count) = self.per_peer.get_mut(peer) {
+            *count = count.saturating_sub(n);
+            if *count == 0 {
+                self.per_peer.remove(peer);
+            }
+        }
+    }
+}
+
 /// The pool. Locked only for map operations, never across an await.
 #[derive(Default)]
 pub struct IdleForwards {
-    entries: Mutex<HashMap<ForwardKey, Vec<IdleForward>>>,
+    entries: Mutex<Entries>,
     /// Started with the first stream put back; ends the sweeper when the pool is dropped.
     sweeper: Mutex<Option<CancellationToken>>,
 }
@@ -82,7 +113,7 @@ impl Drop for IdleForwards {
 }
 
 impl IdleForwards {
-    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<ForwardKey, Vec<IdleForward>>> {
+    fn entries(&self) -> std::sync::MutexGuard<'_, Entries> {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -90,15 +121,7 @@ impl IdleForwards {
     /// when its exchange ends cleanly.
     pub fn take(self: &Arc<Self>, key: &ForwardKey) -> Option<TunnelIo> {
         loop {
-            let idle = {
-                let mut entries = self.entries();
-                let list = entries.get_mut(key)?;
-                let idle = list.pop();
-                if list.is_empty() {
-                    entries.remove(key);
-                }
-                idle?
-            };
+            let idle = self.entries().pop(key)?;
             let IdleForward { to_peer, mut from_peer, response_credit, since } = idle;
             let fresh = since.elapsed() < IDLE_FORWARD_TIMEOUT && !to_peer.is_closed();
             // Anything from the gateway while idle (its end, an error) means the stream is over;
@@ -128,12 +151,14 @@ impl IdleForwards {
         let idle = IdleForward { to_peer, from_peer, response_credit, since: Instant::now() };
         let refused = {
             let mut entries = self.entries();
-            let towards_peer: usize = entries.iter().filter(|(k, _)| k.peer == key.peer).map(|(_, v)| v.len()).sum();
-            let list = entries.entry(key).or_default();
+            let towards_peer = entries.per_peer.get(&key.peer).copied().unwrap_or(0);
+            let peer = key.peer.clone();
+            let list = entries.by_key.entry(key).or_default();
             if list.len() >= MAX_IDLE_PER_CONNECTION || towards_peer >= MAX_IDLE_PER_PEER {
                 Some(idle)
             } else {
                 list.push(idle);
+                *entries.per_peer.entry(peer).or_default() += 1;
                 None
             }
         };
@@ -145,7 +170,7 @@ impl IdleForwards {
 
     /// Idle streams, for tests and metrics.
     pub fn len(&self) -> usize {
-        self.entries().values().map(Vec::len).sum()
+        self.entries().by_key.values().map(Vec::len).sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -157,13 +182,20 @@ impl IdleForwards {
         let expired: Vec<IdleForward> = {
             let mut entries = self.entries();
             let mut expired = Vec::new();
-            entries.retain(|_, list| {
+            let mut gone: Vec<(String, usize)> = Vec::new();
+            entries.by_key.retain(|key, list| {
                 let (old, young): (Vec<_>, Vec<_>) =
                     std::mem::take(list).into_iter().partition(|i| i.since.elapsed() >= IDLE_FORWARD_TIMEOUT);
+                if !old.is_empty() {
+                    gone.push((key.peer.clone(), old.len()));
+                }
                 expired.extend(old);
                 *list = young;
                 !list.is_empty()
             });
+            for (peer, n) in gone {
+                entries.forget(&peer, n);
+            }
             expired
         };
         expired.into_iter().for_each(IdleForward::close);
@@ -245,6 +277,28 @@ mod tests {
         assert!(pool.is_empty());
     }
 
+    /// At most MAX_IDLE_PER_PEER towards one peer across its connections; the count follows
+    /// streams taken, so room comes back.
+    #[tokio::test]
+    async fn streams_towards_one_peer_are_bounded_across_connections() {
+        let pool = Arc::new(IdleForwards::default());
+        let mut kept = Vec::new();
+        for i in 0..MAX_IDLE_PER_PEER + 5 {
+            let (to_peer, sent, gateway, from_peer) = stream();
+            kept.push((sent, gateway));
+            pool.put(key(i as i64 % 8), to_peer, from_peer, false);
+        }
+        assert_eq!(pool.len(), MAX_IDLE_PER_PEER);
+        let other = ForwardKey { peer: "10.0.0.2:8155".into(), ..key(1) };
+        let (to_peer, _sent, _gateway, from_peer) = stream();
+        pool.put(other.clone(), to_peer, from_peer, false);
+        assert_eq!(pool.len(), MAX_IDLE_PER_PEER + 1, "another peer has its own bound");
+        assert!(pool.take(&key(3)).is_some());
+        let (to_peer, _sent, _gateway, from_peer) = stream();
+        pool.put(key(3), to_peer, from_peer, false);
+        assert_eq!(pool.len(), MAX_IDLE_PER_PEER + 1, "the stream taken made room for one");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn idle_streams_expire_and_the_pool_is_bounded() {
         let pool = Arc::new(IdleForwards::default());
@@ -264,5 +318,6 @@ mod tests {
         tokio::time::advance(IDLE_FORWARD_TIMEOUT * 2).await;
         tokio::task::yield_now().await;
         assert!(pool.is_empty(), "the sweeper left {} streams", pool.len());
+        assert!(pool.entries().per_peer.is_empty(), "the per-peer count kept swept streams");
     }
 }
