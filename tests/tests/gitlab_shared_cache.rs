@@ -56,6 +56,8 @@ async fn an_agent_verified_by_one_kas_is_not_verified_again_by_another_within_th
     let value = String::from_utf8_lossy(&value);
     assert!(!value.contains(&token), "{value}");
     assert!(value.contains(r#""agent_id":1"#), "sealed JSON of the agent info: {value}");
+    let memory: i64 = redis.query(redis::cmd("MEMORY").arg("USAGE").arg(&keys[0])).await;
+    assert!(memory < 1024, "an entry costs Redis {memory} B (536 B measured; docs/scale.md)");
     let left: i64 = redis.query(redis::cmd("PTTL").arg(&keys[0])).await;
     assert!(left > 0 && left <= TTL.as_millis() as i64, "expires within the ttl: {left} ms");
 
