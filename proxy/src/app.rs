@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptorLayer;
 use tonic::transport::{Identity, Server};
 
+use crate::auth::gitlab::SharedKeys;
 use crate::auth::gitlab::caller_access::CallerAccess;
 use crate::auth::static_users::StaticUsers;
 use crate::auth::{JwtVerifier, Secret, StaticAgents, TokenVerifier};
@@ -239,7 +240,7 @@ impl App {
         });
         let mut callers = CallerVerifiers::default();
         let mut manifest_repositories = ManifestRepositories::Static;
-        let verifier: Arc<dyn TokenVerifier> = match &config.gitlab.address {
+        let gitlab_verifier = match &config.gitlab.address {
             Some(address) => {
                 let gitlab = crate::auth::GitlabVerifier::new(&config.gitlab, address, gitlab_secret.clone())?
                     .with_overrides(agents.clone());
@@ -256,9 +257,9 @@ impl App {
                     address.clone(),
                     &config.gitops.project_info_cache,
                 ));
-                Arc::new(gitlab)
+                Some(gitlab)
             }
-            None => agents.clone(),
+            None => None,
         };
         let static_agents = config.gitlab.address.is_none().then(|| agents.clone());
         let configurations =
@@ -336,9 +337,25 @@ impl App {
             instance_id: new_instance_id(),
         };
         let timing = config.registry.timing();
-        let registry: Arc<dyn AgentRegistry> = match &config.registry.redis {
-            Some(redis) => Arc::new(RedisRegistry::new(redis, instance, timing).map_err(AppError::Registry)?),
-            None => Arc::new(MemoryRegistry::with_store(self.memory_store.unwrap_or_default(), instance, timing)),
+        let (registry, shared_agent_info): (Arc<dyn AgentRegistry>, _) = match &config.registry.redis {
+            Some(redis) => {
+                let redis = RedisRegistry::new(redis, instance, timing).map_err(AppError::Registry)?;
+                let shared = redis.shared_agent_info_cache();
+                (Arc::new(redis), Some(shared))
+            }
+            None => {
+                let memory = MemoryRegistry::with_store(self.memory_store.unwrap_or_default(), instance, timing);
+                (Arc::new(memory), None)
+            }
+        };
+        let verifier: Arc<dyn TokenVerifier> = match gitlab_verifier {
+            // Every kas of the registry shares GitLab's answers (auth::gitlab::shared), keyed by an
+            // HMAC under the secret the kas share among themselves.
+            Some(gitlab) => match shared_agent_info.filter(|_| config.gitlab.agent_info_cache.shared) {
+                Some(store) => Arc::new(gitlab.with_shared_cache(store, SharedKeys::new(internal_secret.clone()))),
+                None => Arc::new(gitlab),
+            },
+            None => agents.clone(),
         };
         Ok(Bound {
             config,

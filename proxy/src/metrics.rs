@@ -25,6 +25,7 @@ pub const IDLE_TUNNELS: &str = "kas_idle_tunnels";
 pub const WAITING_REQUESTS: &str = "kas_waiting_requests";
 pub const BUILD_INFO: &str = "kas_build_info";
 pub const GITLAB_REQUESTS: &str = "kas_gitlab_requests_total";
+pub const SHARED_AGENT_INFO: &str = "kas_agent_info_shared_cache_total";
 pub const AUTH_FAILURES: &str = "kas_auth_failures_total";
 pub const AGENT_CONNECTION_ADMISSIONS: &str = "kas_agent_connection_admissions_total";
 pub use crate::tunnel::TUNNELS_REUSED;
@@ -115,6 +116,11 @@ fn describe() {
         "Requests to GitLab's API (agent_info, project_info, allowed_agents, authorize_proxy_user), by outcome"
     );
     metrics::describe_counter!(
+        SHARED_AGENT_INFO,
+        "Calls to the agent_info cache shared between kas (GitLab mode with Redis), by outcome (hit, miss, \
+         stored, error)"
+    );
+    metrics::describe_counter!(
         AUTH_FAILURES,
         "Refused authentications, by listener (agent, api, rest, internal) and reason (e.g. invalid_token, \
          expired, rate_limited)"
@@ -164,6 +170,12 @@ pub fn set_tunnel_gauges(stats: &TunnelStats) {
 
 pub fn gitlab_request(outcome: &'static str) {
     metrics::counter!(GITLAB_REQUESTS, "outcome" => outcome).increment(1);
+}
+
+/// A call to the shared agent_info cache: `hit`, `miss` (ask GitLab), `stored` (GitLab's yes
+/// shared) or `error` (failed, timed out or unusable: GitLab asked instead).
+pub fn shared_agent_info(outcome: &'static str) {
+    metrics::counter!(SHARED_AGENT_INFO, "outcome" => outcome).increment(1);
 }
 
 /// A refused authentication; `reason` is one of a few fixed words.

@@ -546,7 +546,17 @@ impl Cluster {
         token: &str,
         commit_id: &str,
     ) -> Result<tonic::Streaming<ConfigurationResponse>, tonic::Status> {
-        let mut client = AgentTunnelClient::new(channel(self.kas[0].addresses.agent));
+        self.open_configuration_on(0, token, commit_id).await
+    }
+
+    /// [`Cluster::open_configuration_with_token`] on kas number `kas`.
+    pub async fn open_configuration_on(
+        &self,
+        kas: usize,
+        token: &str,
+        commit_id: &str,
+    ) -> Result<tonic::Streaming<ConfigurationResponse>, tonic::Status> {
+        let mut client = AgentTunnelClient::new(channel(self.kas[kas].addresses.agent));
         let connection_id = i64::from(rand::random::<u32>()) + 1;
         let request = ConfigurationRequest { connection_id, commit_id: commit_id.into(), ..Default::default() };
         client.get_configuration(crate::authorized(request, token)).await.map(tonic::Response::into_inner)

@@ -18,6 +18,9 @@
 //!   state (issue 17), PX = how long that kas keeps the state after agentk's stream ends.
 //! - `P:git_push`: pub-sub channel of `kas.v1.GitPushEvent`s (pushes, from any kas), on the same
 //!   subscription as the events.
+//! - `P:agent_info:<hex HMAC-SHA256 of an agent token>`: GitLab mode's agent_info cache shared
+//!   between kas (JSON of GitLab's answer, never the token; see `auth::gitlab::shared`), PX = what
+//!   is left of `gitlab.agent_info_cache.ttl` since GitLab said yes.
 //!
 //! Every write this kas makes is remembered locally (`owned`), so a refresh rewrites all of it at
 //! once, and a registration that failed while Redis was down is written by the next refresh once
@@ -29,7 +32,7 @@
 //! **A Redis Cluster** (`cluster_nodes`): a transaction must stay within one hash slot, so the
 //! keys carry hash tags: the agent or project id (`P:agent:{7}`, `P:seen:{7}`,
 //! `P:conn-rate:{7}:<window>`, `P:gitops:{7}`, `P:cluster_state:{7}`, `P:project:{10}`: every
-//! transaction on an agent's keys stays in its slot), `{instances}` for every heartbeat
+//! transaction on an agent's keys stays in its slot; `P:agent_info:{<hex>}`, each in its own), `{instances}` for every heartbeat
 //! (`P:kas:{instances}:<id>`, so one request checks the heartbeats behind a record list) and
 //! `{pubsub}` for the channels (`P:events:{pubsub}`, `P:git_push:{pubsub}`). An agent's hash and
 //! its project's hash are in different slots: each is written in a MULTI/EXEC of its own slot,
@@ -77,6 +80,8 @@ use redis::{ConnectionInfo, IntoConnectionInfo, ProtocolVersion, PushInfo, PushK
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, OnceCell, broadcast, mpsc};
 use tokio_util::sync::{CancellationToken, DropGuard};
+
+use crate::auth::gitlab::{SharedAgentInfoCache, SharedCacheError, SharedKey};
 
 use super::{
     AgentRegistry, EVENT_BUFFER, GitPush, GitopsStatusRecord, ManifestProjectKey, RegistryError, RegistryEvent,
@@ -276,6 +281,11 @@ impl Keys {
     }
     fn cluster_state_holder(&self, agent: AgentId) -> String {
         format!("{}:cluster_state:{}", self.prefix, self.id(agent))
+    }
+    /// An entry of the shared agent_info cache; on a cluster the digest is the hash tag, so the
+    /// entries spread over every slot.
+    fn agent_info(&self, key: &SharedKey) -> String {
+        format!("{}:agent_info:{}", self.prefix, self.id(hex::encode(key)))
     }
     fn git_push(&self) -> String {
         if self.cluster { format!("{}:git_push:{{pubsub}}", self.prefix) } else { format!("{}:git_push", self.prefix) }
@@ -551,6 +561,14 @@ impl RedisRegistry {
         };
         tokio::spawn(resync_task(inner.clone(), stop.clone()));
         Ok(Self { inner, _stop_tasks: stop.drop_guard() })
+    }
+}
+
+impl RedisRegistry {
+    /// This registry's Redis connection as GitLab mode's shared agent_info cache (it outlives
+    /// the registry's background tasks if kept longer).
+    pub fn shared_agent_info_cache(&self) -> Arc<dyn SharedAgentInfoCache> {
+        self.inner.clone()
     }
 }
 
@@ -1042,6 +1060,31 @@ impl AgentRegistry for RedisRegistry {
         let heartbeat = self.keys.instance(&self.instance.instance_id);
         batch.push(heartbeat.clone(), redis::Cmd::del(&heartbeat));
         self.run("remove_all", batch).await.map(drop)
+    }
+}
+
+/// GitLab mode's agent_info cache shared between kas: `P:agent_info:<hex HMAC of the token>`
+/// (see [`crate::auth::gitlab::shared`]), one key per entry with its own expiry.
+#[async_trait]
+impl SharedAgentInfoCache for Inner {
+    async fn get(&self, key: &SharedKey) -> Result<Option<(Vec<u8>, Duration)>, SharedCacheError> {
+        let key = self.keys.agent_info(key);
+        let mut pipe = redis::pipe();
+        pipe.get(&key).pttl(&key);
+        let (value, left): (Option<Vec<u8>>, i64) =
+            self.query("agent_info_get", &pipe).await.map_err(|e| SharedCacheError(e.0))?;
+        // PTTL -2: gone since the GET; -1: no expiry, so not written by kas (never trusted: an
+        // entry must end, or a revoked token would work forever).
+        let left = u64::try_from(left).ok().filter(|&ms| ms > 0).map(Duration::from_millis);
+        Ok(value.zip(left))
+    }
+
+    async fn put(&self, key: &SharedKey, value: &[u8], ttl: Duration) -> Result<(), SharedCacheError> {
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+        let key = self.keys.agent_info(key);
+        self.query("agent_info_put", redis::pipe().pset_ex(key, value, ttl_ms).ignore())
+            .await
+            .map_err(|e| SharedCacheError(e.0))
     }
 }
 

@@ -4,8 +4,10 @@
 //! Each key maps to a `tokio::sync::OnceCell`: the first caller loads, concurrent callers for
 //! the same key await that one load. The std mutex guards only the map and is never held across
 //! an `.await`. Successes and failures are kept for separate TTLs (refusals of kas's own rate
-//! limit only serve the callers waiting for them); the map holds at most
-//! `max_entries` keys (expired entries are evicted first, then those expiring soonest).
+//! limit only serve the callers waiting for them); a fetch may shorten a success's life (an
+//! answer copied from a cache shared between kas lives only as long as it has left there). The
+//! map holds at most `max_entries` keys (expired entries are evicted first, then those expiring
+//! soonest).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -70,16 +72,33 @@ impl<V: Clone> TtlCache<V> {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<V, KasError>>,
     {
+        self.load(key, since, || async { fetch().await.map(|value| (value, self.ttl)) }).await
+    }
+
+    /// [`TtlCache::get_or_fetch`], but `fetch` says how long its answer lives (at most `ttl`): an
+    /// answer copied from another cache expires when its source does, not a full `ttl` later.
+    pub async fn get_or_fetch_expiring<F, Fut>(&self, key: CacheKey, fetch: F) -> Result<V, KasError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<(V, Duration), KasError>>,
+    {
+        self.load(key, None, fetch).await
+    }
+
+    async fn load<F, Fut>(&self, key: CacheKey, since: Option<Instant>, fetch: F) -> Result<V, KasError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<(V, Duration), KasError>>,
+    {
         let slot = self.cell(key, since);
         let stored = slot
             .cell
             .get_or_init(|| async {
-                let value = fetch().await;
-                let ttl = match &value {
-                    Ok(_) => self.ttl,
+                let (value, ttl) = match fetch().await {
+                    Ok((value, ttl)) => (Ok(value), ttl.min(self.ttl)),
                     // kas's own limiter refused: the next caller may find room at once.
-                    Err(KasError::RateLimited(_)) => Duration::ZERO,
-                    Err(_) => self.error_ttl,
+                    Err(e @ KasError::RateLimited(_)) => (Err(e), Duration::ZERO),
+                    Err(e) => (Err(e), self.error_ttl),
                 };
                 Stored { value, expires_at: Instant::now() + ttl }
             })
@@ -215,6 +234,33 @@ mod tests {
         cache.get_or_fetch(key(3), limited).await.unwrap_err();
         assert_eq!(cache.get_or_fetch(key(3), ok).await.unwrap(), 1);
         assert_eq!(fetches.load(Ordering::SeqCst), 5);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fetch_may_shorten_but_not_lengthen_its_answers_life() {
+        let cache = TtlCache::<u32>::new(Duration::from_secs(60), Duration::from_secs(5), 10);
+        let fetches = AtomicUsize::new(0);
+        let lives = |ttl: Duration| {
+            let fetches = &fetches;
+            move || async move {
+                fetches.fetch_add(1, Ordering::SeqCst);
+                Ok((1, ttl))
+            }
+        };
+        // An answer copied from elsewhere with 10 s left expires after 10 s, not 60 s.
+        cache.get_or_fetch_expiring(key(1), lives(Duration::from_secs(10))).await.unwrap();
+        // One claiming longer than the cache's ttl lives the ttl.
+        cache.get_or_fetch_expiring(key(2), lives(Duration::from_secs(600))).await.unwrap();
+        tokio::time::advance(Duration::from_secs(9)).await;
+        cache.get_or_fetch_expiring(key(1), lives(Duration::from_secs(10))).await.unwrap();
+        assert_eq!(fetches.load(Ordering::SeqCst), 2);
+        tokio::time::advance(Duration::from_secs(2)).await; // 11 s
+        cache.get_or_fetch_expiring(key(1), lives(Duration::from_secs(10))).await.unwrap();
+        cache.get_or_fetch_expiring(key(2), lives(Duration::from_secs(600))).await.unwrap();
+        assert_eq!(fetches.load(Ordering::SeqCst), 3, "only the shortened answer expired");
+        tokio::time::advance(Duration::from_secs(50)).await; // 61 s
+        cache.get_or_fetch_expiring(key(2), lives(Duration::from_secs(600))).await.unwrap();
+        assert_eq!(fetches.load(Ordering::SeqCst), 4, "capped at the cache's ttl");
     }
 
     #[tokio::test(start_paused = true)]

@@ -77,7 +77,8 @@ impl Default for GitlabConfig {
     }
 }
 
-/// Agent token -> agent info answers from GitLab, cached per token (keyed by its SHA-256).
+/// Agent token -> agent info answers from GitLab, cached per token (keyed by its SHA-256), and
+/// with Redis shared between kas (keyed by an HMAC of it).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AgentInfoCacheConfig {
@@ -89,6 +90,9 @@ pub struct AgentInfoCacheConfig {
     pub error_ttl: Duration,
     /// Most tokens kept; expired entries go first, then the ones expiring soonest.
     pub max_entries: usize,
+    /// With a Redis registry, share successful answers between kas (for what is left of `ttl`):
+    /// an agent moving to another kas is not verified with GitLab again. No effect without Redis.
+    pub shared: bool,
 }
 
 impl Default for AgentInfoCacheConfig {
@@ -97,6 +101,7 @@ impl Default for AgentInfoCacheConfig {
             ttl: DEFAULT_AGENT_INFO_TTL,
             error_ttl: DEFAULT_AGENT_INFO_ERROR_TTL,
             max_entries: DEFAULT_AGENT_INFO_MAX_ENTRIES,
+            shared: true,
         }
     }
 }

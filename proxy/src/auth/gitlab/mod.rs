@@ -8,7 +8,9 @@
 //!
 //! Answers are cached per token (keyed by the token's SHA-256, see [`TtlCache`]): successes for
 //! `gitlab.agent_info_cache.ttl`, failures for `error_ttl`; concurrent verifications of one token
-//! share one request. Requests to GitLab pass a [`TokenBucket`]. Tokens are never logged.
+//! share one request. With a Redis registry, successes are also shared between kas ([`shared`]):
+//! a local miss reads the shared entry before asking GitLab. Requests to GitLab pass a
+//! [`TokenBucket`]. Tokens are never logged.
 //!
 //! [`caller_access`] asks GitLab about callers of the Kubernetes API proxy (CI job tokens,
 //! personal access tokens) through the same client, so the same bucket, and
@@ -19,16 +21,18 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use kas_proto::{AgentId, ProjectId};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 pub mod caller_access;
 pub mod config;
 pub mod repository_url;
+pub mod shared;
 
 pub use caller_access::CallerAccess;
 pub use config::GitlabConfig;
 pub use repository_url::RepositoryUrlTemplate;
+pub use shared::{SharedAgentInfoCache, SharedCacheError, SharedKey, SharedKeys};
 
 use super::agent_token::{StaticAgents, TokenVerifier};
 use super::jwt::{KAS_ISSUER, mint_jwt};
@@ -37,6 +41,7 @@ use crate::agent::{AgentIdentity, ConfigurationOrigin};
 use crate::error::KasError;
 use crate::tools::token_bucket::TokenBucket;
 use crate::tools::ttl_cache::TtlCache;
+use shared::{SHARED_CACHE_TIMEOUT, SharedLevel};
 
 /// GitLab's internal API path answering "whose agent token is this".
 pub const AGENT_INFO_PATH: &str = "/api/v4/internal/kubernetes/agent_info";
@@ -52,8 +57,9 @@ const API_JWT_TTL: Duration = Duration::from_secs(5);
 const MAX_RESPONSE_BYTES: usize = 256 * 1024;
 
 /// GitLab's agent_info answer (the fields kas uses; unknown fields are ignored because GitLab
-/// adds fields over time). `gitaly_info.token` is deliberately not read.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// adds fields over time). `gitaly_info.token` is deliberately not read. Serialized (JSON) as
+/// the value of the shared cache's entries ([`shared`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AgentInfo {
     pub project_id: i64,
     pub agent_id: i64,
@@ -67,13 +73,13 @@ pub struct AgentInfo {
     pub default_branch: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GitalyInfo {
     #[serde(default)]
     pub address: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GitalyRepository {
     #[serde(default)]
     pub storage_name: String,
@@ -334,11 +340,15 @@ fn unavailable(e: &reqwest::Error, endpoint: &str) -> KasError {
     KasError::GitlabUnavailable(format!("{reason}: {cause}"))
 }
 
-/// The [`TokenVerifier`] of GitLab mode: [`GitlabClient`] behind a per-token cache.
+/// The [`TokenVerifier`] of GitLab mode: [`GitlabClient`] behind a per-token cache, and behind
+/// that (with a Redis registry) a cache shared by every kas ([`shared`]).
 #[derive(Debug)]
 pub struct GitlabVerifier {
     client: Arc<GitlabClient>,
     cache: TtlCache<AgentInfo>,
+    /// `gitlab.agent_info_cache.ttl`: how long GitLab's yes holds, on this kas and in the shared cache.
+    ttl: Duration,
+    shared: Option<SharedLevel>,
     address: String,
     repositories: RepositoryUrlTemplate,
     /// Configurations set in the static agents file win over the project repository's.
@@ -351,6 +361,8 @@ impl GitlabVerifier {
         Ok(Self {
             client: Arc::new(GitlabClient::new(config, address, secret)?),
             cache: TtlCache::new(c.ttl, c.error_ttl, c.max_entries),
+            ttl: c.ttl,
+            shared: None,
             address: address.to_owned(),
             repositories: RepositoryUrlTemplate::parse(&config.repository_url)
                 .map_err(|e| GitlabSetupError::Client(format!("gitlab.repository_url: {e}")))?,
@@ -369,10 +381,35 @@ impl GitlabVerifier {
         self
     }
 
-    /// The agent info of `token`, from the cache or from GitLab.
+    /// Behind the local cache, `store`: the cache every kas of the registry shares, keyed by
+    /// `keys` (see [`shared`]).
+    pub fn with_shared_cache(mut self, store: Arc<dyn SharedAgentInfoCache>, keys: SharedKeys) -> Self {
+        self.shared = Some(SharedLevel::new(store, keys, SHARED_CACHE_TIMEOUT));
+        self
+    }
+
+    /// The agent info of `token`, from the local cache, the shared cache or GitLab. Concurrent
+    /// callers share one load (both levels).
     pub async fn agent_info(&self, token: &str) -> Result<AgentInfo, KasError> {
         let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-        self.cache.get_or_fetch(key, || self.client.agent_info(token)).await
+        self.cache.get_or_fetch_expiring(key, || self.load(token)).await
+    }
+
+    /// A local miss: the shared entry if there is one (kept locally only as long as it lives
+    /// there), else GitLab's answer, shared when it is a yes. Returns how long it holds.
+    async fn load(&self, token: &str) -> Result<(AgentInfo, Duration), KasError> {
+        let Some(shared) = &self.shared else {
+            return self.client.agent_info(token).await.map(|info| (info, self.ttl));
+        };
+        let key = shared.key(token);
+        if let Some((info, left)) = shared.get(&key).await {
+            return Ok((info, left));
+        }
+        let info = self.client.agent_info(token).await?;
+        let answered = tokio::time::Instant::now();
+        shared.put(&key, &info, self.ttl).await;
+        // Locally too, the yes holds `ttl` from GitLab's answer, not from the end of the write.
+        Ok((info, self.ttl.saturating_sub(answered.elapsed())))
     }
 }
 

@@ -42,6 +42,11 @@ const AFTER: Duration = Duration::from_secs(5);
 /// The killed kas.
 const VICTIM: usize = 0;
 
+/// agent_info requests the fake GitLab received so far (GitLab mode).
+fn sim_gitlab_requests(gitlab: Option<&kas_e2e::FakeGitlab>) -> Option<usize> {
+    gitlab.map(kas_e2e::FakeGitlab::requests)
+}
+
 fn seconds(d: Duration) -> String {
     format!("{:.2}", d.as_secs_f64())
 }
@@ -59,6 +64,7 @@ fn spread(mut v: Vec<Duration>) -> String {
 
 pub async fn run(args: &Args) -> Result<String, SimError> {
     let mut sim = start(args).await?;
+    let gitlab_after_ramp = sim_gitlab_requests(sim.gitlab.as_ref());
     let victim_instance = sim.kas[VICTIM].instance_id.clone();
     let moved: Vec<i64> = (0..args.agents).filter(|&i| home(args, i) == VICTIM).map(|i| i as i64 + 1).collect();
     let moved_set: HashSet<i64> = moved.iter().copied().collect();
@@ -104,6 +110,7 @@ pub async fn run(args: &Args) -> Result<String, SimError> {
     for &i in &survivors {
         metrics_at_kill.push(scrape(&metrics_client, &sim.kas[i].observability_address).await);
     }
+    let gitlab_at_kill = sim_gitlab_requests(sim.gitlab.as_ref());
     let kill_at = Instant::now();
     sim.kas[VICTIM].kill();
 
@@ -177,6 +184,7 @@ pub async fn run(args: &Args) -> Result<String, SimError> {
         }
     }
     let storm_end = Instant::now();
+    let gitlab_at_storm_end = sim_gitlab_requests(sim.gitlab.as_ref());
     let tcp_at_end = (proc_stats::tcp_ext("ListenOverflows"), proc_stats::tcp_ext("TCPSynRetrans"));
     let mut metrics_at_end = Vec::new();
     for &i in &survivors {
@@ -327,6 +335,20 @@ pub async fn run(args: &Args) -> Result<String, SimError> {
         let _ = writeln!(r, "| RESOURCE_EXHAUSTED (a rate limit held against the agent) | 0 |");
     }
     let _ = writeln!(r, "| agents of the survivors that reconnected | {stayed_but_reconnected} |");
+    if let (Some(ramp), Some(kill), Some(end)) = (gitlab_after_ramp, gitlab_at_kill, gitlab_at_storm_end) {
+        let ttl = args.gitlab_ttl.unwrap_or(kas::config::DEFAULT_AGENT_INFO_TTL);
+        let _ = writeln!(
+            r,
+            "| GitLab mode ({}, agent_info ttl {}): agent_info requests during the ramp / the rest / kill → all served | {ramp} / {} / {} |",
+            match args.gitlab {
+                crate::GitlabMode::Shared => "cache shared between kas",
+                _ => "cache per kas",
+            },
+            humantime::format_duration(ttl),
+            kill - ramp,
+            end - kill
+        );
+    }
     let delta = |a: Option<u64>, b: Option<u64>| match (a, b) {
         (Some(a), Some(b)) => b.saturating_sub(a).to_string(),
         _ => "-".to_owned(),

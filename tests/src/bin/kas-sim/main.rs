@@ -4,9 +4,12 @@
 //!
 //! `cargo build --release -p kas --bin kas && cargo run -p kas-e2e --bin kas-sim -- --agents 1000`
 //! (flags: `--scenario idle|failover --agents M --kas N --idle-tunnels K --connect-rate R
-//! --idle-secs W --rate Q --settle-secs S --victim-agents V --accept-rate A --accept-burst B --drain-secs D --kas-bin PATH
-//! --out FILE`). It starts a private redis-server and N `kas --config` processes (the release
-//! binary by default) with a static agents file of M generated agents, connects M simulated
+//! --idle-secs W --rate Q --settle-secs S --victim-agents V --accept-rate A --accept-burst B --drain-secs D
+//! --kas-bin PATH --gitlab off|shared|local --gitlab-ttl SECS --out FILE`). It starts a private redis-server and N
+//! `kas --config` processes (the release binary by default) with a static agents file of M
+//! generated agents (with `--gitlab`, GitLab mode instead: an in-process fake GitLab answers
+//! agent_info for the M tokens and counts the requests; `shared` keeps kas's agent_info cache
+//! shared between kas, `local` turns it off; `--gitlab-ttl` sets the cache ttl), connects M simulated
 //! agents (see `agent.rs`) round-robin over the kas at R per second and waits until the registry
 //! lists all of them. Then:
 //!
@@ -52,7 +55,8 @@ const KAS_READY_WITHIN: Duration = Duration::from_secs(60);
 const SETTLE_WITHIN: Duration = Duration::from_secs(120);
 const POLL: Duration = Duration::from_millis(100);
 const FLAGS: &str = "--scenario idle|failover --agents M --kas N --idle-tunnels K --connect-rate R --idle-secs W \
-                     --rate Q --settle-secs S --victim-agents V --accept-rate A --accept-burst B --drain-secs D --kas-bin PATH --out FILE";
+                     --rate Q --settle-secs S --victim-agents V --accept-rate A --accept-burst B --drain-secs D \
+                     --gitlab off|shared|local --gitlab-ttl SECS --kas-bin PATH --out FILE";
 
 #[derive(Debug, thiserror::Error)]
 enum SimError {
@@ -83,6 +87,15 @@ enum Scenario {
     Failover,
 }
 
+/// Who verifies agent tokens: the static agents file, or (GitLab mode) a fake GitLab, with kas's
+/// agent_info cache shared between kas through Redis or not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GitlabMode {
+    Off,
+    Shared,
+    Local,
+}
+
 struct Args {
     scenario: Scenario,
     agents: usize,
@@ -102,6 +115,9 @@ struct Args {
     accept_burst: Option<u32>,
     /// idle: seconds after all agents left until kas's RSS is sampled again (memory given back).
     drain_secs: u64,
+    gitlab: GitlabMode,
+    /// GitLab mode: `gitlab.agent_info_cache.ttl` (kas's default when not given).
+    gitlab_ttl: Option<Duration>,
     kas_bin: PathBuf,
     out: Option<PathBuf>,
     /// The command line as given, for the report.
@@ -123,6 +139,8 @@ fn parse_args() -> Result<Args, SimError> {
         accept_rate: None,
         accept_burst: None,
         drain_secs: 30,
+        gitlab: GitlabMode::Off,
+        gitlab_ttl: None,
         kas_bin: workspace.join("target/release/kas"),
         out: None,
         command: String::new(),
@@ -155,6 +173,15 @@ fn parse_args() -> Result<Args, SimError> {
             "--accept-rate" => a.accept_rate = Some(value.parse().map_err(|e| bad(&e))?),
             "--accept-burst" => a.accept_burst = Some(value.parse().map_err(|e| bad(&e))?),
             "--drain-secs" => a.drain_secs = value.parse().map_err(|e| bad(&e))?,
+            "--gitlab" => {
+                a.gitlab = match value.as_str() {
+                    "off" => GitlabMode::Off,
+                    "shared" => GitlabMode::Shared,
+                    "local" => GitlabMode::Local,
+                    other => return Err(bad(&format!("unknown GitLab mode {other} (off, shared or local)"))),
+                }
+            }
+            "--gitlab-ttl" => a.gitlab_ttl = Some(Duration::from_secs(value.parse().map_err(|e| bad(&e))?)),
             "--kas-bin" => a.kas_bin = value.into(),
             "--out" => a.out = Some(value.into()),
             other => return Err(SimError::Usage(format!("unknown flag {other}"))),
@@ -236,7 +263,9 @@ fn start_kas(bin: &Path, config: &kas::Config, dir: &Path, index: usize) -> Resu
         let mut sent = false;
         for line in BufReader::new(stderr).lines() {
             let Ok(line) = line else { break };
-            if echoed < 20 && (line.contains("\"WARN\"") || line.contains("\"ERROR\"")) {
+            // Warnings, errors, and what is not a JSON log line (kas refusing its configuration).
+            let plain = !line.starts_with('{');
+            if echoed < 20 && (plain || line.contains("\"WARN\"") || line.contains("\"ERROR\"")) {
                 eprintln!("kas-{index}: {line}");
                 echoed += 1;
             }
@@ -419,6 +448,8 @@ pub type Registrations = Arc<Mutex<HashMap<i64, Vec<(Instant, String)>>>>;
 pub struct Sim {
     /// First, so that kas stops before Redis does (fields drop in order).
     kas: Vec<KasProc>,
+    /// GitLab mode: the fake GitLab verifying the agents' tokens (counts agent_info requests).
+    gitlab: Option<kas_e2e::FakeGitlab>,
     _dir: tempfile::TempDir,
     redis: RedisServer,
     /// The simulator's own Redis connection (sampling, counting keys).
@@ -465,7 +496,9 @@ async fn start(args: &Args) -> Result<Sim, SimError> {
             name: format!("sim-{id}"),
             project_id: id,
             token_sha256: token_sha256_hex(&token),
-            configuration: None,
+            // GitLab mode: an explicit (empty) configuration wins over the configuration
+            // project GitLab names, so kas reads no Git repository.
+            configuration: (args.gitlab != GitlabMode::Off).then(kas::agent::AgentConfigDocument::default),
             configuration_repository: None,
             configuration_branch: None,
         });
@@ -488,12 +521,33 @@ async fn start(args: &Args) -> Result<Sim, SimError> {
     if let Some(burst) = args.accept_burst {
         config.limits.agent_connection_accept_rate.burst = burst;
     }
+    let secret = kas::auth::Secret::from_file(&dev.gitlab_secret_file).map_err(|e| setup("gitlab secret", e))?;
+    let gitlab = match args.gitlab {
+        GitlabMode::Off => None,
+        mode => {
+            let fake = kas_e2e::FakeGitlab::start(&secret).await;
+            for (i, token) in tokens.iter().enumerate() {
+                let id = i as i64 + 1;
+                fake.add_agent(
+                    token,
+                    kas_e2e::fake_gitlab::GitlabAgent { agent_id: id, project_id: id, name: format!("sim-{id}") },
+                );
+            }
+            config.gitlab.address = Some(fake.url());
+            // Static users are for static agents; GitLab mode's callers ask GitLab.
+            config.auth.users_file = None;
+            config.gitlab.agent_info_cache.shared = mode == GitlabMode::Shared;
+            if let Some(ttl) = args.gitlab_ttl {
+                config.gitlab.agent_info_cache.ttl = ttl;
+            }
+            Some(fake)
+        }
+    };
     let mut kas = Vec::with_capacity(args.kas);
     for i in 0..args.kas {
         kas.push(start_kas(&args.kas_bin, &config, dir.path(), i)?);
     }
     let fleet = Arc::new(Fleet::new(kas.iter().map(|k| k.agent_address.clone()).collect()));
-    let secret = kas::auth::Secret::from_file(&dev.gitlab_secret_file).map_err(|e| setup("gitlab secret", e))?;
     let jwt = kas::auth::mint_jwt(
         &secret,
         kas::auth::jwt::GITLAB_ISSUER,
@@ -595,6 +649,7 @@ async fn start(args: &Args) -> Result<Sim, SimError> {
     latencies.sort();
     Ok(Sim {
         kas,
+        gitlab,
         _dir: dir,
         redis,
         conn,
