@@ -173,7 +173,8 @@ pub fn gitlab_request(outcome: &'static str) {
 }
 
 /// A call to the shared agent_info cache: `hit`, `miss` (ask GitLab), `stored` (GitLab's yes
-/// shared) or `error` (failed, timed out or unusable: GitLab asked instead).
+/// shared), `renewed` (an answer in use renewed with GitLab before it lapsed) or `error`
+/// (failed, timed out or unusable: GitLab asked instead).
 pub fn shared_agent_info(outcome: &'static str) {
     metrics::counter!(SHARED_AGENT_INFO, "outcome" => outcome).increment(1);
 }

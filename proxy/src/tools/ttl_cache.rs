@@ -106,6 +106,27 @@ impl<V: Clone> TtlCache<V> {
         stored.value.clone()
     }
 
+    /// How long the answer held for `key` still lives, when it is a loaded success.
+    pub fn remaining(&self, key: &CacheKey) -> Option<Duration> {
+        let entries = self.lock();
+        let stored = entries.get(key)?.cell.get()?;
+        stored.value.as_ref().ok()?;
+        Some(stored.expires_at.saturating_duration_since(Instant::now()))
+    }
+
+    /// Replaces the answer for `key` with `value`, kept for `ttl` (at most the cache's ttl): a
+    /// renewal done aside from the callers.
+    pub fn insert(&self, key: CacheKey, value: V, ttl: Duration) {
+        let now = Instant::now();
+        let stored = Stored { value: Ok(value), expires_at: now + ttl.min(self.ttl) };
+        let slot = Arc::new(Slot { created: now, cell: OnceCell::new_with(Some(stored)) });
+        let mut entries = self.lock();
+        if !entries.contains_key(&key) && entries.len() >= self.max_entries {
+            evict(&mut entries, now, self.max_entries);
+        }
+        entries.insert(key, slot);
+    }
+
     /// Keys currently held (loaded or loading, expired or not).
     pub fn len(&self) -> usize {
         self.lock().len()

@@ -53,6 +53,8 @@ pub const API_REQUEST_HEADER: &str = "Gitlab-Kas-Api-Request";
 pub const GITLAB_AUDIENCE: &str = "gitlab";
 /// Validity of the JWT on each request: just long enough to arrive.
 const API_JWT_TTL: Duration = Duration::from_secs(5);
+/// With the shared cache, an answer in use is renewed once less than `ttl` / this is left.
+const RENEW_AHEAD_DIVISOR: u32 = 4;
 /// Larger agent_info bodies are refused (a real one is well under 2 KiB).
 const MAX_RESPONSE_BYTES: usize = 256 * 1024;
 
@@ -345,10 +347,12 @@ fn unavailable(e: &reqwest::Error, endpoint: &str) -> KasError {
 #[derive(Debug)]
 pub struct GitlabVerifier {
     client: Arc<GitlabClient>,
-    cache: TtlCache<AgentInfo>,
+    cache: Arc<TtlCache<AgentInfo>>,
     /// `gitlab.agent_info_cache.ttl`: how long GitLab's yes holds, on this kas and in the shared cache.
     ttl: Duration,
-    shared: Option<SharedLevel>,
+    shared: Option<Arc<SharedLevel>>,
+    /// Tokens whose answer is being renewed ahead of its expiry (by their cache key).
+    renewing: Arc<std::sync::Mutex<std::collections::HashSet<[u8; 32]>>>,
     address: String,
     repositories: RepositoryUrlTemplate,
     /// Configurations set in the static agents file win over the project repository's.
@@ -360,7 +364,8 @@ impl GitlabVerifier {
         let c = &config.agent_info_cache;
         Ok(Self {
             client: Arc::new(GitlabClient::new(config, address, secret)?),
-            cache: TtlCache::new(c.ttl, c.error_ttl, c.max_entries),
+            cache: Arc::new(TtlCache::new(c.ttl, c.error_ttl, c.max_entries)),
+            renewing: Arc::default(),
             ttl: c.ttl,
             shared: None,
             address: address.to_owned(),
@@ -384,7 +389,7 @@ impl GitlabVerifier {
     /// Behind the local cache, `store`: the cache every kas of the registry shares, keyed by
     /// `keys` (see [`shared`]).
     pub fn with_shared_cache(mut self, store: Arc<dyn SharedAgentInfoCache>, keys: SharedKeys) -> Self {
-        self.shared = Some(SharedLevel::new(store, keys, SHARED_CACHE_TIMEOUT));
+        self.shared = Some(Arc::new(SharedLevel::new(store, keys, SHARED_CACHE_TIMEOUT)));
         self
     }
 
@@ -392,7 +397,42 @@ impl GitlabVerifier {
     /// callers share one load (both levels).
     pub async fn agent_info(&self, token: &str) -> Result<AgentInfo, KasError> {
         let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-        self.cache.get_or_fetch_expiring(key, || self.load(token)).await
+        let info = self.cache.get_or_fetch_expiring(key, || self.load(token)).await?;
+        if self.cache.remaining(&key).is_some_and(|left| left < self.ttl / RENEW_AHEAD_DIVISOR) {
+            self.renew(key, token);
+        }
+        Ok(info)
+    }
+
+    /// With the shared cache: an answer in use is renewed in the background during the last
+    /// quarter of its life, so the shared entry of a connected agent (verified at least once a
+    /// minute by its tunnels) never lapses, and a failover finds every moved agent's entry
+    /// instead of asking GitLab for those whose entry had just lapsed (issue 18: 20-30 % of
+    /// them). The renewal adopts an entry another kas renewed, or asks GitLab; a failure leaves
+    /// the answer to expire as before (a revoked token still stops working `ttl` after GitLab's
+    /// last yes). One renewal per token at a time.
+    fn renew(&self, key: [u8; 32], token: &str) {
+        let Some(shared) = self.shared.clone() else { return };
+        if !self.renewing.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(key) {
+            return;
+        }
+        let (client, cache, renewing, ttl) = (self.client.clone(), self.cache.clone(), self.renewing.clone(), self.ttl);
+        let token = token.to_owned();
+        tokio::spawn(async move {
+            let shared_key = shared.key(&token);
+            match shared.get(&shared_key).await {
+                Some((info, left)) if left >= ttl / RENEW_AHEAD_DIVISOR => cache.insert(key, info, left),
+                _ => {
+                    if let Ok(info) = client.agent_info(&token).await {
+                        let answered = tokio::time::Instant::now();
+                        shared.put(&shared_key, &info, ttl).await;
+                        cache.insert(key, info, ttl.saturating_sub(answered.elapsed()));
+                        crate::metrics::shared_agent_info("renewed");
+                    }
+                }
+            }
+            renewing.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&key);
+        });
     }
 
     /// A local miss: the shared entry if there is one (kept locally only as long as it lives

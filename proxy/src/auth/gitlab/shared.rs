@@ -430,4 +430,87 @@ mod tests {
         let e = verifier.verify("tok").await.unwrap_err();
         assert_eq!(e.grpc_code(), tonic::Code::Unavailable, "expired with the shared entry: {e}");
     }
+
+    /// Another kas renewed the shared entry: an answer in its last quarter is renewed from it in
+    /// the background, so it outlives the copy it was made from (GitLab cannot answer here).
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_near_its_end_adopts_the_entry_another_kas_renewed() {
+        use crate::auth::agent_token::TokenVerifier;
+        use crate::auth::gitlab::{GitlabConfig, GitlabVerifier};
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = format!("http://{}", closed.local_addr().unwrap());
+        drop(closed);
+        let store = Arc::new(Store::default());
+        let keys = SharedKeys::new(Secret::generate());
+        let verifier = GitlabVerifier::new(&GitlabConfig::default(), &address, Secret::generate())
+            .unwrap()
+            .with_shared_cache(store.clone(), keys.clone());
+        let key = keys.key("tok");
+        let put = |left: u64| {
+            let value = keys.seal(&key, &info(), Duration::from_secs(left)).unwrap();
+            store.entries.lock().unwrap().insert(key, (value, tokio::time::Instant::now() + Duration::from_secs(left)));
+        };
+        // 100 s left: more than a quarter of the 5 min ttl, so no renewal yet.
+        put(100);
+        verifier.verify("tok").await.unwrap();
+        tokio::time::advance(Duration::from_secs(40)).await;
+        // 60 s left now; another kas has renewed the entry meanwhile.
+        put(300);
+        verifier.verify("tok").await.unwrap();
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        // Whatever the store holds from now on, this kas holds its renewed copy.
+        store.entries.lock().unwrap().clear();
+        tokio::time::advance(Duration::from_secs(100)).await;
+        assert_eq!(
+            verifier.verify("tok").await.unwrap().agent_id,
+            kas_proto::AgentId(3),
+            "the copy would have expired 40 s ago without the renewal"
+        );
+    }
+
+    /// No kas renewed it: the answer is renewed with GitLab before it expires, and the shared
+    /// entry is written again, so it never lapses while the agent is verified.
+    #[tokio::test]
+    async fn an_answer_in_use_is_renewed_with_gitlab_before_it_expires() {
+        use std::sync::atomic::AtomicUsize;
+
+        use crate::auth::agent_token::TokenVerifier;
+        use crate::auth::gitlab::{AGENT_INFO_PATH, GitlabConfig, GitlabVerifier};
+        let asked = Arc::new(AtomicUsize::new(0));
+        let counter = asked.clone();
+        let gitlab = axum::Router::new().route(
+            AGENT_INFO_PATH,
+            axum::routing::get(move || {
+                counter.fetch_add(1, Ordering::SeqCst);
+                async { r#"{"project_id": 7, "agent_id": 3, "agent_name": "prod"}"# }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, gitlab).await });
+        let mut config = GitlabConfig::default();
+        config.agent_info_cache.ttl = Duration::from_secs(2);
+        let store = Arc::new(Store::default());
+        let keys = SharedKeys::new(Secret::generate());
+        let verifier = GitlabVerifier::new(&config, &address, Secret::generate())
+            .unwrap()
+            .with_shared_cache(store.clone(), keys.clone());
+        verifier.verify("tok").await.unwrap();
+        assert_eq!(asked.load(Ordering::SeqCst), 1);
+        let first = store.entries.lock().unwrap()[&keys.key("tok")].1;
+        // Verified as agentk's tunnels do it, until the renewal (in the last 0.5 s) happened.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while asked.load(Ordering::SeqCst) < 2 {
+            assert!(tokio::time::Instant::now() < deadline, "no renewal within 10 s");
+            verifier.verify("tok").await.expect("the answer never lapsed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(tokio::time::Instant::now() < first, "renewed while the first answer still held, not after it lapsed");
+        let renewed = store.entries.lock().unwrap()[&keys.key("tok")].1;
+        assert!(renewed > first, "the shared entry was written again");
+        assert!(renewed > tokio::time::Instant::now() + Duration::from_secs(1), "a fresh ttl");
+        assert_eq!(asked.load(Ordering::SeqCst), 2, "one renewal");
+    }
 }
