@@ -94,7 +94,10 @@ async fn a_revoked_token_stops_working_on_every_kas_after_the_ttl() {
             "kas {kas} rejects the revoked token"
         );
     }
-    assert_eq!(gitlab(&c).requests(), 3, "each kas asked GitLab once the entry expired");
+    // The yes, then per kas at most one renewal attempt in the answer's last quarter (refused:
+    // not repeated) and one request once the answer expired.
+    let asked = gitlab(&c).requests();
+    assert!((3..=5).contains(&asked), "each kas asked GitLab once the entry expired, renewing at most once: {asked}");
     // The refusal is not shared: there is no entry for the token any more.
     let redis = c.redis.as_ref().unwrap();
     let keys: Vec<String> = redis.query(redis::cmd("KEYS").arg(format!("{}:agent_info:*", prefix(&c)))).await;

@@ -351,8 +351,9 @@ pub struct GitlabVerifier {
     /// `gitlab.agent_info_cache.ttl`: how long GitLab's yes holds, on this kas and in the shared cache.
     ttl: Duration,
     shared: Option<Arc<SharedLevel>>,
-    /// Tokens whose answer is being renewed ahead of its expiry (by their cache key).
-    renewing: Arc<std::sync::Mutex<std::collections::HashSet<[u8; 32]>>>,
+    /// Answers being renewed ahead of their expiry, or whose renewal failed (by cache key): no
+    /// other attempt before the time kept here, the end of the answer the attempt began with.
+    renewals: Arc<std::sync::Mutex<std::collections::HashMap<[u8; 32], tokio::time::Instant>>>,
     address: String,
     repositories: RepositoryUrlTemplate,
     /// Configurations set in the static agents file win over the project repository's.
@@ -365,7 +366,7 @@ impl GitlabVerifier {
         Ok(Self {
             client: Arc::new(GitlabClient::new(config, address, secret)?),
             cache: Arc::new(TtlCache::new(c.ttl, c.error_ttl, c.max_entries)),
-            renewing: Arc::default(),
+            renewals: Arc::default(),
             ttl: c.ttl,
             shared: None,
             address: address.to_owned(),
@@ -398,8 +399,8 @@ impl GitlabVerifier {
     pub async fn agent_info(&self, token: &str) -> Result<AgentInfo, KasError> {
         let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let info = self.cache.get_or_fetch_expiring(key, || self.load(token)).await?;
-        if self.cache.remaining(&key).is_some_and(|left| left < self.ttl / RENEW_AHEAD_DIVISOR) {
-            self.renew(key, token);
+        if let Some(left) = self.cache.remaining(&key).filter(|left| *left < self.ttl / RENEW_AHEAD_DIVISOR) {
+            self.renew(key, token, left);
         }
         Ok(info)
     }
@@ -410,28 +411,44 @@ impl GitlabVerifier {
     /// instead of asking GitLab for those whose entry had just lapsed (issue 18: 20-30 % of
     /// them). The renewal adopts an entry another kas renewed, or asks GitLab; a failure leaves
     /// the answer to expire as before (a revoked token still stops working `ttl` after GitLab's
-    /// last yes). One renewal per token at a time.
-    fn renew(&self, key: [u8; 32], token: &str) {
+    /// last yes). One attempt per answer: a failed one is not repeated by the verifications
+    /// that follow (a revoked token would otherwise ask GitLab on each).
+    fn renew(&self, key: [u8; 32], token: &str, left: Duration) {
         let Some(shared) = self.shared.clone() else { return };
-        if !self.renewing.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(key) {
-            return;
+        {
+            let now = tokio::time::Instant::now();
+            let mut renewals = self.renewals.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if renewals.get(&key).is_some_and(|not_before| *not_before > now) {
+                return;
+            }
+            renewals.retain(|_, not_before| *not_before > now);
+            renewals.insert(key, now + left);
         }
-        let (client, cache, renewing, ttl) = (self.client.clone(), self.cache.clone(), self.renewing.clone(), self.ttl);
+        let (client, cache, renewals, ttl) = (self.client.clone(), self.cache.clone(), self.renewals.clone(), self.ttl);
         let token = token.to_owned();
         tokio::spawn(async move {
             let shared_key = shared.key(&token);
-            match shared.get(&shared_key).await {
-                Some((info, left)) if left >= ttl / RENEW_AHEAD_DIVISOR => cache.insert(key, info, left),
-                _ => {
-                    if let Ok(info) = client.agent_info(&token).await {
+            let renewed = match shared.get(&shared_key).await {
+                Some((info, left)) if left >= ttl / RENEW_AHEAD_DIVISOR => {
+                    cache.insert(key, info, left);
+                    true
+                }
+                _ => match client.agent_info(&token).await {
+                    Ok(info) => {
                         let answered = tokio::time::Instant::now();
                         shared.put(&shared_key, &info, ttl).await;
                         cache.insert(key, info, ttl.saturating_sub(answered.elapsed()));
                         crate::metrics::shared_agent_info("renewed");
+                        true
                     }
-                }
+                    Err(_) => false,
+                },
+            };
+            // A new answer may be renewed in its own last quarter; a failed attempt waits for
+            // the end of the answer it began with.
+            if renewed {
+                renewals.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&key);
             }
-            renewing.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&key);
         });
     }
 

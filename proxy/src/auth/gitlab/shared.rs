@@ -513,4 +513,46 @@ mod tests {
         assert!(renewed > tokio::time::Instant::now() + Duration::from_secs(1), "a fresh ttl");
         assert_eq!(asked.load(Ordering::SeqCst), 2, "one renewal");
     }
+
+    /// GitLab says no to the renewal (the token was revoked): the answer still holds until its
+    /// end, and the verifications meanwhile do not ask GitLab again.
+    #[tokio::test]
+    async fn a_refused_renewal_is_not_repeated() {
+        use std::sync::atomic::AtomicUsize;
+
+        use crate::auth::agent_token::TokenVerifier;
+        use crate::auth::gitlab::{AGENT_INFO_PATH, GitlabConfig, GitlabVerifier};
+        let asked = Arc::new(AtomicUsize::new(0));
+        let counter = asked.clone();
+        let gitlab = axum::Router::new().route(
+            AGENT_INFO_PATH,
+            axum::routing::get(move || {
+                let first = counter.fetch_add(1, Ordering::SeqCst) == 0;
+                async move {
+                    if first {
+                        (http::StatusCode::OK, r#"{"project_id": 7, "agent_id": 3, "agent_name": "prod"}"#)
+                    } else {
+                        (http::StatusCode::UNAUTHORIZED, "")
+                    }
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, gitlab).await });
+        let mut config = GitlabConfig::default();
+        config.agent_info_cache.ttl = Duration::from_secs(2);
+        let store = Arc::new(Store::default());
+        let verifier = GitlabVerifier::new(&config, &address, Secret::generate())
+            .unwrap()
+            .with_shared_cache(store.clone(), SharedKeys::new(Secret::generate()));
+        verifier.verify("tok").await.unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while verifier.verify("tok").await.is_ok() {
+            assert!(tokio::time::Instant::now() < deadline, "the yes outlived its ttl");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // The yes, one refused renewal, and the request once the answer expired.
+        assert_eq!(asked.load(Ordering::SeqCst), 3);
+    }
 }
