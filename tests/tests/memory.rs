@@ -9,9 +9,10 @@ use kas_e2e::FakeKube;
 use kas_e2e::process::{start_agentk, start_kas_with_config};
 
 const SIZE: u64 = 50 * 1024 * 1024;
-/// Far below the body size: a process that buffered the body would exceed it. (Measured here:
-/// about 20-30 MiB for each with debug builds.)
-const PEAK_RSS_LIMIT_MIB: f64 = 45.0;
+/// Below the body size: a process that buffered the body would exceed it (50 MiB on top of its
+/// own ~20 MiB). Measured here with debug builds: agentk 20-30 MiB; kas 45.4 MiB in one CI run
+/// since kas allocates with jemalloc, which keeps freed pages about 10 s before purging them.
+const PEAK_RSS_LIMIT_MIB: f64 = 55.0;
 
 fn peak_rss_mib(pid: u32) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
