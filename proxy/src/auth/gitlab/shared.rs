@@ -405,19 +405,54 @@ mod tests {
         assert_eq!(started.elapsed(), 2 * SHARED_CACHE_TIMEOUT, "each call waits at most the timeout");
     }
 
+    /// The address of a GitLab that cannot answer (nothing listens there).
+    fn unreachable_gitlab() -> String {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", closed.local_addr().unwrap())
+    }
+
+    /// A GitLab whose agent_info answers the n-th request (0-based) with `answer(n)`, and how
+    /// many it was asked.
+    async fn fake_gitlab(
+        answer: fn(usize) -> (http::StatusCode, &'static str),
+    ) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = asked.clone();
+        let gitlab = axum::Router::new().route(
+            super::super::AGENT_INFO_PATH,
+            axum::routing::get(move || {
+                let n = counter.fetch_add(1, Ordering::SeqCst);
+                async move { answer(n) }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, gitlab).await });
+        (address, asked)
+    }
+
+    const YES: (http::StatusCode, &str) =
+        (http::StatusCode::OK, r#"{"project_id": 7, "agent_id": 3, "agent_name": "prod"}"#);
+
+    /// A verifier of GitLab at `address` with the in-memory shared store (`ttl`: the default
+    /// when None).
+    fn verifier(address: &str, ttl: Option<Duration>) -> (super::super::GitlabVerifier, Arc<Store>, SharedKeys) {
+        let mut config = super::super::GitlabConfig::default();
+        if let Some(ttl) = ttl {
+            config.agent_info_cache.ttl = ttl;
+        }
+        let (store, keys) = (Arc::new(Store::default()), SharedKeys::new(Secret::generate()));
+        let verifier = super::super::GitlabVerifier::new(&config, address, Secret::generate())
+            .unwrap()
+            .with_shared_cache(store.clone(), keys.clone());
+        (verifier, store, keys)
+    }
+
     #[tokio::test(start_paused = true)]
     async fn the_verifier_keeps_a_shared_answer_only_as_long_as_it_lives_there() {
         use crate::auth::agent_token::TokenVerifier;
-        use crate::auth::gitlab::{GitlabConfig, GitlabVerifier};
         // A GitLab that cannot answer: every success below comes from the shared entry.
-        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let address = format!("http://{}", closed.local_addr().unwrap());
-        drop(closed);
-        let store = Arc::new(Store::default());
-        let keys = SharedKeys::new(Secret::generate());
-        let verifier = GitlabVerifier::new(&GitlabConfig::default(), &address, Secret::generate())
-            .unwrap()
-            .with_shared_cache(store.clone(), keys.clone());
+        let (verifier, store, keys) = verifier(&unreachable_gitlab(), None);
         // Another kas had GitLab's yes 4 of the 5 minutes ago: one minute is left.
         let key = keys.key("tok");
         let value = keys.seal(&key, &info(), Duration::from_secs(60)).unwrap();
@@ -436,15 +471,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_answer_near_its_end_adopts_the_entry_another_kas_renewed() {
         use crate::auth::agent_token::TokenVerifier;
-        use crate::auth::gitlab::{GitlabConfig, GitlabVerifier};
-        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let address = format!("http://{}", closed.local_addr().unwrap());
-        drop(closed);
-        let store = Arc::new(Store::default());
-        let keys = SharedKeys::new(Secret::generate());
-        let verifier = GitlabVerifier::new(&GitlabConfig::default(), &address, Secret::generate())
-            .unwrap()
-            .with_shared_cache(store.clone(), keys.clone());
+        let (verifier, store, keys) = verifier(&unreachable_gitlab(), None);
         let key = keys.key("tok");
         let put = |left: u64| {
             let value = keys.seal(&key, &info(), Duration::from_secs(left)).unwrap();
@@ -474,29 +501,9 @@ mod tests {
     /// entry is written again, so it never lapses while the agent is verified.
     #[tokio::test]
     async fn an_answer_in_use_is_renewed_with_gitlab_before_it_expires() {
-        use std::sync::atomic::AtomicUsize;
-
         use crate::auth::agent_token::TokenVerifier;
-        use crate::auth::gitlab::{AGENT_INFO_PATH, GitlabConfig, GitlabVerifier};
-        let asked = Arc::new(AtomicUsize::new(0));
-        let counter = asked.clone();
-        let gitlab = axum::Router::new().route(
-            AGENT_INFO_PATH,
-            axum::routing::get(move || {
-                counter.fetch_add(1, Ordering::SeqCst);
-                async { r#"{"project_id": 7, "agent_id": 3, "agent_name": "prod"}"# }
-            }),
-        );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(listener, gitlab).await });
-        let mut config = GitlabConfig::default();
-        config.agent_info_cache.ttl = Duration::from_secs(2);
-        let store = Arc::new(Store::default());
-        let keys = SharedKeys::new(Secret::generate());
-        let verifier = GitlabVerifier::new(&config, &address, Secret::generate())
-            .unwrap()
-            .with_shared_cache(store.clone(), keys.clone());
+        let (address, asked) = fake_gitlab(|_| YES).await;
+        let (verifier, store, keys) = verifier(&address, Some(Duration::from_secs(2)));
         verifier.verify("tok").await.unwrap();
         assert_eq!(asked.load(Ordering::SeqCst), 1);
         let first = store.entries.lock().unwrap()[&keys.key("tok")].1;
@@ -518,34 +525,9 @@ mod tests {
     /// end, and the verifications meanwhile do not ask GitLab again.
     #[tokio::test]
     async fn a_refused_renewal_is_not_repeated() {
-        use std::sync::atomic::AtomicUsize;
-
         use crate::auth::agent_token::TokenVerifier;
-        use crate::auth::gitlab::{AGENT_INFO_PATH, GitlabConfig, GitlabVerifier};
-        let asked = Arc::new(AtomicUsize::new(0));
-        let counter = asked.clone();
-        let gitlab = axum::Router::new().route(
-            AGENT_INFO_PATH,
-            axum::routing::get(move || {
-                let first = counter.fetch_add(1, Ordering::SeqCst) == 0;
-                async move {
-                    if first {
-                        (http::StatusCode::OK, r#"{"project_id": 7, "agent_id": 3, "agent_name": "prod"}"#)
-                    } else {
-                        (http::StatusCode::UNAUTHORIZED, "")
-                    }
-                }
-            }),
-        );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(listener, gitlab).await });
-        let mut config = GitlabConfig::default();
-        config.agent_info_cache.ttl = Duration::from_secs(2);
-        let store = Arc::new(Store::default());
-        let verifier = GitlabVerifier::new(&config, &address, Secret::generate())
-            .unwrap()
-            .with_shared_cache(store.clone(), SharedKeys::new(Secret::generate()));
+        let (address, asked) = fake_gitlab(|n| if n == 0 { YES } else { (http::StatusCode::UNAUTHORIZED, "") }).await;
+        let (verifier, _store, _keys) = verifier(&address, Some(Duration::from_secs(2)));
         verifier.verify("tok").await.unwrap();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while verifier.verify("tok").await.is_ok() {
