@@ -399,7 +399,10 @@ impl GitlabVerifier {
     pub async fn agent_info(&self, token: &str) -> Result<AgentInfo, KasError> {
         let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let info = self.cache.get_or_fetch_expiring(key, || self.load(token)).await?;
-        if let Some(left) = self.cache.remaining(&key).filter(|left| *left < self.ttl / RENEW_AHEAD_DIVISOR) {
+        // Only with the shared cache (the renewal's purpose): no extra lookup without it.
+        if self.shared.is_some()
+            && let Some(left) = self.cache.remaining(&key).filter(|left| *left < self.ttl / RENEW_AHEAD_DIVISOR)
+        {
             self.renew(key, token, left);
         }
         Ok(info)
