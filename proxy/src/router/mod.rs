@@ -271,15 +271,19 @@ impl Router {
         kept: Kept,
     ) -> Result<(TunnelIo, RouteOutcome), KasError> {
         target.validate()?;
-        let (wait, caller_bound) = self.wait_for(caller_deadline);
-        let deadline = started + wait;
-        // Subscribe before scanning: a connection that appears after the scan wakes us.
-        let mut events = self.registry.subscribe();
-        // A peer coming back up may hold the agent's only other connection.
-        let mut peer_up = self.peers.watch_up();
+        // The common case first, before subscribing to anything (subscribing was ~5 % of kas's
+        // CPU per proxied request): an idle tunnel here. One that registers after this look is
+        // found by the wait below, which looks again.
         if let Some(t) = self.tunnels.find_now(target.query()).await.map_err(|_| KasError::ShuttingDown)? {
             return Ok(self.routed(target, t.io, RouteOutcome::Local, started));
         }
+        let (wait, caller_bound) = self.wait_for(caller_deadline);
+        let deadline = started + wait;
+        // Subscribe before scanning the registry: a connection that appears after the scan
+        // wakes us.
+        let mut events = self.registry.subscribe();
+        // A peer coming back up may hold the agent's only other connection.
+        let mut peer_up = self.peers.watch_up();
         if let Some(io) = self.try_peers(target, deadline, Lookup::Cached, kept).await? {
             return Ok(self.routed(target, io, RouteOutcome::Peer, started));
         }

@@ -1,20 +1,26 @@
 //! The local tunnel registry: agent connections and idle tunnels held by this kas.
 //!
-//! One task owns the maps; everything else talks to it through [`TunnelRegistry`] (a cheap,
-//! cloneable handle). A request asks for a tunnel of an agent (and optionally one connection)
-//! serving a method; it gets an idle one at once or is parked until one registers. A parked
-//! request that gives up just drops its receiver; the task skips it. A tunnel idle for longer
-//! than the idle timeout is closed here (agentk opens as many again as it still wants): that
-//! is how idle tunnels shrink after load, closed by the one side that hands them out.
+//! [`TunnelRegistry`] is a cheap, cloneable handle to one state behind a lock that is held for a
+//! map operation only, never across an await (and nothing is dropped under it: tunnels it lets go
+//! are dropped after it is released). It was a task owning the maps, but every proxied request
+//! asked it twice (take an idle tunnel, put the reused one back), two task wakeups and a reply
+//! per request on the data path (issue 14). A request asks for a tunnel of an agent (and
+//! optionally one connection) serving a method; it gets an idle one at once or is parked until
+//! one registers. A parked request that gives up just drops its receiver; it is skipped. A tunnel
+//! idle for longer than the idle timeout is closed here (agentk opens as many again as it still
+//! wants): that is how idle tunnels shrink after load, closed by the one side that hands them
+//! out.
 
 pub mod forwards;
 mod io;
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use kas_proto::{AgentId, ConnectionId};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 pub use io::{
@@ -72,61 +78,86 @@ pub struct TunnelStats {
     pub waiting_requests: usize,
 }
 
-enum Command {
-    ConnectionUp { agent_id: AgentId, connection_id: ConnectionId, reply: oneshot::Sender<bool> },
-    ConnectionDown { agent_id: AgentId, connection_id: ConnectionId },
-    HasConnection { agent_id: AgentId, connection_id: ConnectionId, reply: oneshot::Sender<bool> },
-    ConnectionGone { agent_id: AgentId, connection_id: ConnectionId, reply: oneshot::Sender<CancellationToken> },
-    Register { tunnel: IdleTunnel, again: bool },
-    Remove { agent_id: AgentId, id: u64 },
-    Find { query: TunnelQuery, reply: oneshot::Sender<IdleTunnel> },
-    FindNow { query: TunnelQuery, reply: oneshot::Sender<Option<IdleTunnel>> },
-    Stats { reply: oneshot::Sender<TunnelStats> },
-}
-
-/// Handle to the tunnel registry task.
-#[derive(Clone, Debug)]
+/// Handle to the tunnel registry.
+#[derive(Clone)]
 pub struct TunnelRegistry {
-    tx: mpsc::UnboundedSender<Command>,
-    next_id: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    inner: Arc<Inner>,
 }
 
-impl std::fmt::Debug for Command {
+struct Inner {
+    /// `None` once stopped (kas is shutting down).
+    state: Mutex<Option<State>>,
+    next_id: AtomicU64,
+}
+
+impl std::fmt::Debug for TunnelRegistry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Command")
+        f.write_str("TunnelRegistry")
     }
 }
 
-/// Returned when the registry task has stopped (kas is shutting down).
+/// Returned when the registry has stopped (kas is shutting down).
 #[derive(Debug, Clone, Copy, thiserror::Error)]
 #[error("tunnel registry stopped")]
 pub struct Stopped;
 
 impl TunnelRegistry {
-    /// Starts the task. It stops (dropping every idle tunnel and parked request) on `shutdown`.
-    /// Tunnels idle for `idle_timeout` are closed.
+    /// Starts the registry and its sweep task. It stops (dropping every idle tunnel and parked
+    /// request) on `shutdown`. Tunnels idle for `idle_timeout` are closed.
     pub fn spawn(shutdown: CancellationToken, idle_timeout: Duration) -> Self {
-        let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(rx, shutdown, idle_timeout));
-        Self { tx, next_id: Default::default() }
+        let inner = Arc::new(Inner { state: Mutex::new(Some(State::default())), next_id: AtomicU64::new(0) });
+        tokio::spawn(sweep(Arc::downgrade(&inner), shutdown, idle_timeout));
+        Self { inner }
+    }
+
+    /// Runs `f` on the state under the lock; what it let go of is dropped after the lock is
+    /// released (a tunnel's drop may reach back into the registry).
+    fn with_state<R>(&self, f: impl FnOnce(&mut State) -> R) -> Result<R, Stopped> {
+        let (result, released) = {
+            let mut guard = self.inner.state.lock().unwrap_or_else(PoisonError::into_inner);
+            let state = guard.as_mut().ok_or(Stopped)?;
+            let result = f(state);
+            (result, std::mem::take(&mut state.released))
+        };
+        drop(released);
+        Ok(result)
     }
 
     /// Records an agent connection. `false` if that connection id is already held here.
     pub async fn connection_up(&self, agent_id: AgentId, connection_id: ConnectionId) -> Result<bool, Stopped> {
-        let (reply, rx) = oneshot::channel();
-        self.tx.send(Command::ConnectionUp { agent_id, connection_id, reply }).map_err(|_| Stopped)?;
-        rx.await.map_err(|_| Stopped)
+        self.with_state(|s| {
+            let held = s.connections.entry(agent_id).or_default();
+            let new = !held.contains_key(&connection_id);
+            if new {
+                held.insert(connection_id, CancellationToken::new());
+            }
+            new
+        })
     }
 
     pub fn connection_down(&self, agent_id: AgentId, connection_id: ConnectionId) {
-        let _ = self.tx.send(Command::ConnectionDown { agent_id, connection_id });
+        let _ = self.with_state(|s| {
+            // Its idle tunnels end here, by kas: agentk waits for that instead of closing them
+            // itself, so a tunnel is never closed while kas sends a request down it.
+            s.release_idle(agent_id, |t| t.connection_id == connection_id);
+            if let Some(set) = s.connections.get_mut(&agent_id) {
+                if let Some(gone) = set.remove(&connection_id) {
+                    gone.cancel();
+                }
+                if set.is_empty() {
+                    s.connections.remove(&agent_id);
+                }
+            }
+        });
     }
 
     /// Whether this kas holds the connection (any connection of the agent for `ANY`).
     pub async fn has_connection(&self, agent_id: AgentId, connection_id: ConnectionId) -> Result<bool, Stopped> {
-        let (reply, rx) = oneshot::channel();
-        self.tx.send(Command::HasConnection { agent_id, connection_id, reply }).map_err(|_| Stopped)?;
-        rx.await.map_err(|_| Stopped)
+        self.with_state(|s| {
+            s.connections.get(&agent_id).is_some_and(|set| {
+                if connection_id.is_any() { !set.is_empty() } else { set.contains_key(&connection_id) }
+            })
+        })
     }
 
     /// Cancelled when the connection goes down here (at once if it is not held here): what
@@ -136,9 +167,14 @@ impl TunnelRegistry {
         agent_id: AgentId,
         connection_id: ConnectionId,
     ) -> Result<CancellationToken, Stopped> {
-        let (reply, rx) = oneshot::channel();
-        self.tx.send(Command::ConnectionGone { agent_id, connection_id, reply }).map_err(|_| Stopped)?;
-        rx.await.map_err(|_| Stopped)
+        self.with_state(|s| match s.connections.get(&agent_id).and_then(|set| set.get(&connection_id)) {
+            Some(token) => token.clone(),
+            None => {
+                let gone = CancellationToken::new();
+                gone.cancel();
+                gone
+            }
+        })
     }
 
     /// Adds an idle tunnel; it is removed again when agentk goes away (`closed`). A `reusable`
@@ -169,7 +205,15 @@ impl TunnelRegistry {
     ) {
         self.enable_reuse(&io, agent_id, connection_id, &methods, to_agent, id);
         let tunnel = IdleTunnel { agent_id, connection_id, methods, io, id, since: tokio::time::Instant::now() };
-        let _ = self.tx.send(Command::Register { tunnel, again: true });
+        let _ = self.with_state(|s| {
+            let held = s.connections.get(&tunnel.agent_id).is_some_and(|set| set.contains_key(&tunnel.connection_id));
+            if held {
+                s.offer(tunnel);
+            } else {
+                // Its connection went down meanwhile: dropping the tunnel ends it.
+                s.released.push(tunnel);
+            }
+        });
     }
 
     fn enable_reuse(
@@ -202,39 +246,52 @@ impl TunnelRegistry {
         closed: ClosedSignal,
         added: Added,
     ) {
-        let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         if added == Added::Reusable {
             self.enable_reuse(&io, agent_id, connection_id, &methods, closed.to_agent.clone(), id);
         }
         let tunnel = IdleTunnel { agent_id, connection_id, methods, io, id, since: tokio::time::Instant::now() };
-        if self.tx.send(Command::Register { tunnel, again: false }).is_err() {
+        if self.with_state(|s| s.offer(tunnel)).is_err() {
             return; // shutting down: dropping the tunnel ends it
         }
-        let tx = self.tx.clone();
+        let registry = Arc::downgrade(&self.inner);
         tokio::spawn(async move {
             closed.closed().await;
-            let _ = tx.send(Command::Remove { agent_id, id });
+            if let Some(inner) = registry.upgrade() {
+                let _ = Self { inner }.with_state(|s| s.release_idle(agent_id, |t| t.id == id));
+            }
         });
     }
 
     /// Waits for a tunnel matching the query. Cancel by dropping the future.
     pub async fn find(&self, query: TunnelQuery) -> Result<IdleTunnel, Stopped> {
-        let (reply, rx) = oneshot::channel();
-        self.tx.send(Command::Find { query, reply }).map_err(|_| Stopped)?;
-        rx.await.map_err(|_| Stopped)
+        let parked = self.with_state(|s| match s.take_idle(&query) {
+            Some(tunnel) => Ok(tunnel),
+            None => {
+                let (reply, rx) = oneshot::channel();
+                let queue = s.waiters.entry(query.agent_id).or_default();
+                queue.retain(|w| !w.reply.is_closed());
+                queue.push_back(Waiter { query, reply });
+                Err(rx)
+            }
+        })?;
+        match parked {
+            Ok(tunnel) => Ok(tunnel),
+            Err(rx) => rx.await.map_err(|_| Stopped),
+        }
     }
 
     /// An idle tunnel matching the query if there is one right now; never waits.
     pub async fn find_now(&self, query: TunnelQuery) -> Result<Option<IdleTunnel>, Stopped> {
-        let (reply, rx) = oneshot::channel();
-        self.tx.send(Command::FindNow { query, reply }).map_err(|_| Stopped)?;
-        rx.await.map_err(|_| Stopped)
+        self.with_state(|s| s.take_idle(&query))
     }
 
     pub async fn stats(&self) -> Result<TunnelStats, Stopped> {
-        let (reply, rx) = oneshot::channel();
-        self.tx.send(Command::Stats { reply }).map_err(|_| Stopped)?;
-        rx.await.map_err(|_| Stopped)
+        self.with_state(|s| TunnelStats {
+            connections: s.connections.values().map(HashMap::len).sum(),
+            idle_tunnels: s.idle.values().map(Vec::len).sum(),
+            waiting_requests: s.waiters.values().flatten().filter(|w| !w.reply.is_closed()).count(),
+        })
     }
 }
 
@@ -249,83 +306,17 @@ struct State {
     connections: HashMap<AgentId, HashMap<ConnectionId, CancellationToken>>,
     idle: HashMap<AgentId, Vec<IdleTunnel>>,
     waiters: HashMap<AgentId, VecDeque<Waiter>>,
+    /// Tunnels let go under the lock, dropped once it is released (see `with_state`).
+    released: Vec<IdleTunnel>,
 }
 
 impl State {
-    fn handle(&mut self, cmd: Command) {
-        match cmd {
-            Command::ConnectionUp { agent_id, connection_id, reply } => {
-                let held = self.connections.entry(agent_id).or_default();
-                let new = !held.contains_key(&connection_id);
-                if new {
-                    held.insert(connection_id, CancellationToken::new());
-                }
-                let _ = reply.send(new);
-            }
-            Command::ConnectionDown { agent_id, connection_id } => {
-                // Its idle tunnels end here, by kas: agentk waits for that instead of closing
-                // them itself, so a tunnel is never closed while kas sends a request down it.
-                if let Some(list) = self.idle.get_mut(&agent_id) {
-                    list.retain(|t| t.connection_id != connection_id);
-                    if list.is_empty() {
-                        self.idle.remove(&agent_id);
-                    }
-                }
-                if let Some(set) = self.connections.get_mut(&agent_id) {
-                    if let Some(gone) = set.remove(&connection_id) {
-                        gone.cancel();
-                    }
-                    if set.is_empty() {
-                        self.connections.remove(&agent_id);
-                    }
-                }
-            }
-            Command::HasConnection { agent_id, connection_id, reply } => {
-                let has = self.connections.get(&agent_id).is_some_and(|s| {
-                    if connection_id.is_any() { !s.is_empty() } else { s.contains_key(&connection_id) }
-                });
-                let _ = reply.send(has);
-            }
-            Command::ConnectionGone { agent_id, connection_id, reply } => {
-                let token = match self.connections.get(&agent_id).and_then(|s| s.get(&connection_id)) {
-                    Some(token) => token.clone(),
-                    None => {
-                        let gone = CancellationToken::new();
-                        gone.cancel();
-                        gone
-                    }
-                };
-                let _ = reply.send(token);
-            }
-            Command::Register { tunnel, again } => {
-                let held =
-                    self.connections.get(&tunnel.agent_id).is_some_and(|s| s.contains_key(&tunnel.connection_id));
-                if again && !held {
-                    return; // its connection went down meanwhile: dropping the tunnel ends it
-                }
-                self.offer(tunnel);
-            }
-            Command::Remove { agent_id, id } => {
-                if let Some(list) = self.idle.get_mut(&agent_id) {
-                    list.retain(|t| t.id != id);
-                    if list.is_empty() {
-                        self.idle.remove(&agent_id);
-                    }
-                }
-            }
-            Command::Find { query, reply } => self.find(query, reply),
-            Command::FindNow { query, reply } => {
-                let tunnel = self.take_idle(&query);
-                if let Err(Some(back)) = reply.send(tunnel) {
-                    self.idle.entry(back.agent_id).or_default().push(back); // the caller is gone
-                }
-            }
-            Command::Stats { reply } => {
-                let _ = reply.send(TunnelStats {
-                    connections: self.connections.values().map(HashMap::len).sum(),
-                    idle_tunnels: self.idle.values().map(Vec::len).sum(),
-                    waiting_requests: self.waiters.values().flatten().filter(|w| !w.reply.is_closed()).count(),
-                });
+    /// Lets go of the agent's idle tunnels that match.
+    fn release_idle(&mut self, agent_id: AgentId, matches: impl Fn(&IdleTunnel) -> bool) {
+        if let Some(list) = self.idle.get_mut(&agent_id) {
+            self.released.extend(list.extract_if(.., |t| matches(t)));
+            if list.is_empty() {
+                self.idle.remove(&agent_id);
             }
         }
     }
@@ -358,41 +349,31 @@ impl State {
 
     /// Removes and returns an idle tunnel serving the query, if any.
     fn take_idle(&mut self, query: &TunnelQuery) -> Option<IdleTunnel> {
+        // Tunnels whose agentk went away are let go here too, not only by their watcher.
+        self.release_idle(query.agent_id, |t| t.io.is_closed());
         let list = self.idle.get_mut(&query.agent_id)?;
-        // Tunnels whose agentk went away are dropped here too, not only by their watcher.
-        list.retain(|t| !t.io.is_closed());
         // Most recently registered first: older tunnels are likelier to be half-dead.
         let pos = list.iter().rposition(|t| t.serves(query))?;
-        Some(list.swap_remove(pos))
+        let tunnel = list.swap_remove(pos);
+        if list.is_empty() {
+            self.idle.remove(&query.agent_id);
+        }
+        Some(tunnel)
     }
 
-    /// Closes (drops) the tunnels idle since before `cutoff`. A request never holds one of them:
-    /// the registry hands tunnels out from this same task.
+    /// Closes the tunnels idle since before `cutoff`. A request never holds one of them: the
+    /// registry hands tunnels out under the same lock.
     fn close_idle_before(&mut self, cutoff: tokio::time::Instant) {
-        self.idle.retain(|_, list| {
-            list.retain(|t| t.since > cutoff);
-            !list.is_empty()
-        });
-    }
-
-    fn find(&mut self, query: TunnelQuery, reply: oneshot::Sender<IdleTunnel>) {
-        if let Some(tunnel) = self.take_idle(&query) {
-            if let Err(back) = reply.send(tunnel) {
-                self.idle.entry(back.agent_id).or_default().push(back); // the caller is gone already
-            }
-            return;
+        let agents: Vec<AgentId> = self.idle.keys().copied().collect();
+        for agent_id in agents {
+            self.release_idle(agent_id, |t| t.since <= cutoff);
         }
-        if reply.is_closed() {
-            return;
-        }
-        let queue = self.waiters.entry(query.agent_id).or_default();
-        queue.retain(|w| !w.reply.is_closed());
-        queue.push_back(Waiter { query, reply });
     }
 }
 
-async fn run(mut rx: mpsc::UnboundedReceiver<Command>, shutdown: CancellationToken, idle_timeout: Duration) {
-    let mut state = State::default();
+/// Closes idle tunnels past the idle timeout; on `shutdown`, drops the whole state (every idle
+/// tunnel ends and every parked request fails). Ends with the last handle.
+async fn sweep(registry: Weak<Inner>, shutdown: CancellationToken, idle_timeout: Duration) {
     // A tunnel is closed between one and 1.25 idle timeouts after it became idle.
     let mut sweep = tokio::time::interval((idle_timeout / 4).max(Duration::from_millis(1)));
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -400,17 +381,17 @@ async fn run(mut rx: mpsc::UnboundedReceiver<Command>, shutdown: CancellationTok
         tokio::select! {
             () = shutdown.cancelled() => break,
             _ = sweep.tick() => {
+                let Some(inner) = registry.upgrade() else { return };
                 if let Some(cutoff) = tokio::time::Instant::now().checked_sub(idle_timeout) {
-                    state.close_idle_before(cutoff);
+                    let _ = TunnelRegistry { inner }.with_state(|s| s.close_idle_before(cutoff));
                 }
             }
-            cmd = rx.recv() => match cmd {
-                Some(cmd) => state.handle(cmd),
-                None => break,
-            },
         }
     }
-    // Dropping the state ends every idle tunnel and fails every parked request.
+    if let Some(inner) = registry.upgrade() {
+        let state = inner.state.lock().unwrap_or_else(PoisonError::into_inner).take();
+        drop(state);
+    }
 }
 
 #[cfg(test)]
