@@ -64,6 +64,44 @@ pub struct JwtVerifier {
     audience: &'static str,
     max_lifetime: Duration,
     failures: Arc<FailureLog>,
+    verified: Arc<VerifiedTokens>,
+}
+
+/// Tokens this verifier accepted, until they expire: a caller sends the same JWT with every
+/// request for its lifetime, and decoding and checking it again was ~7 % of kas's CPU per
+/// proxied request (issue 14). Keyed by the token's SHA-256 (the map holds no token, and a
+/// lookup compares digests, not token bytes); only accepted tokens are kept, each until its
+/// `exp` (plus the leeway), as the full check would accept it until then. Bounded: when full,
+/// expired entries go, and if none did, all of them.
+#[derive(Default)]
+struct VerifiedTokens {
+    valid_until: std::sync::Mutex<std::collections::HashMap<[u8; 32], u64>>,
+}
+
+/// Accepted tokens kept per verifier.
+const VERIFIED_TOKENS_MAX: usize = 4096;
+
+impl VerifiedTokens {
+    fn digest(token: &str) -> [u8; 32] {
+        use sha2::Digest;
+        sha2::Sha256::digest(token.as_bytes()).into()
+    }
+
+    fn is_verified(&self, digest: &[u8; 32], now: u64) -> bool {
+        let map = self.valid_until.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.get(digest).is_some_and(|until| now <= *until)
+    }
+
+    fn insert(&self, digest: [u8; 32], until: u64, now: u64) {
+        let mut map = self.valid_until.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if map.len() >= VERIFIED_TOKENS_MAX {
+            map.retain(|_, until| now <= *until);
+            if map.len() >= VERIFIED_TOKENS_MAX {
+                map.clear();
+            }
+        }
+        map.insert(digest, until);
+    }
 }
 
 impl std::fmt::Debug for JwtVerifier {
@@ -87,6 +125,7 @@ impl JwtVerifier {
             audience,
             max_lifetime: DEFAULT_JWT_MAX_LIFETIME,
             failures: Arc::new(FailureLog::new("jwt")),
+            verified: Arc::default(),
         }
     }
 
@@ -94,6 +133,8 @@ impl JwtVerifier {
     #[must_use]
     pub fn with_max_lifetime(mut self, max_lifetime: Duration) -> Self {
         self.max_lifetime = max_lifetime;
+        // What was accepted under the old maximum is checked again.
+        self.verified = Arc::default();
         self
     }
 
@@ -137,6 +178,11 @@ impl JwtVerifier {
     }
 
     fn verify_from(&self, peer: Option<IpAddr>, token: &str) -> Result<(), KasError> {
+        let now = jsonwebtoken::get_current_timestamp();
+        let digest = VerifiedTokens::digest(token);
+        if self.verified.is_verified(&digest, now) {
+            return Ok(());
+        }
         let claims = match jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation) {
             Ok(data) => data.claims,
             Err(e) => {
@@ -144,8 +190,11 @@ impl JwtVerifier {
                 return Err(self.refused(peer, reason, why));
             }
         };
-        self.check_lifetime(&claims, jsonwebtoken::get_current_timestamp())
-            .map_err(|(reason, why)| self.refused(peer, reason, format!("invalid JWT: {why}")))
+        self.check_lifetime(&claims, now)
+            .map_err(|(reason, why)| self.refused(peer, reason, format!("invalid JWT: {why}")))?;
+        // Accepted until `exp` plus the leeway, as `decode` would accept it.
+        self.verified.insert(digest, claims.exp.saturating_add(self.validation.leeway), now);
+        Ok(())
     }
 
     /// `iat` not in the future (beyond the skew) and a lifetime within the maximum.
@@ -251,6 +300,44 @@ mod tests {
 
     fn err(v: &JwtVerifier, token: &str) -> String {
         v.verify(token).unwrap_err().to_string()
+    }
+
+    /// An accepted token is kept (by digest) until its `exp` plus the leeway, and checked in
+    /// full again after that; refused tokens are never kept; the map stays bounded.
+    #[test]
+    fn accepted_tokens_are_kept_until_they_expire() {
+        let secret = Secret::generate();
+        let v = JwtVerifier::gitlab(&secret);
+        let kept = || v.verified.valid_until.lock().unwrap().clone();
+        let token = mint_jwt(&secret, "gitlab", "gitlab-kas", Duration::from_secs(60)).unwrap();
+        v.verify(&token).unwrap();
+        let now = jsonwebtoken::get_current_timestamp();
+        let digest = VerifiedTokens::digest(&token);
+        let until = kept()[&digest];
+        assert!((now + 60..=now + 61 + LEEWAY_SECS).contains(&until), "{until} vs now {now}");
+        assert!(!kept().keys().any(|k| k.as_slice() == token.as_bytes()), "the token itself is not kept");
+        // From the cache, the same clone or another: one map per verifier.
+        v.clone().verify(&token).unwrap();
+        assert_eq!(kept().len(), 1);
+        assert!(v.verified.is_verified(&digest, until) && !v.verified.is_verified(&digest, until + 1));
+
+        let other_key = sign(&Secret::generate(), &claims("gitlab", "gitlab-kas", 60));
+        assert!(err(&v, &other_key).contains("invalid signature"));
+        let expired = sign(&secret, &claims("gitlab", "gitlab-kas", -60));
+        assert!(err(&v, &expired).contains("expired"));
+        assert_eq!(kept().len(), 1, "refused tokens are not kept");
+
+        // Full: expired entries go first; if none did, all of them.
+        let tokens = VerifiedTokens::default();
+        for i in 0..VERIFIED_TOKENS_MAX {
+            tokens.insert(VerifiedTokens::digest(&i.to_string()), if i == 0 { 5 } else { 100 }, 10);
+        }
+        tokens.insert(VerifiedTokens::digest("next"), 100, 10);
+        let map = tokens.valid_until.lock().unwrap().clone();
+        assert_eq!(map.len(), VERIFIED_TOKENS_MAX);
+        assert!(!map.contains_key(&VerifiedTokens::digest("0")) && map.contains_key(&VerifiedTokens::digest("next")));
+        tokens.insert(VerifiedTokens::digest("one more"), 100, 10);
+        assert_eq!(tokens.valid_until.lock().unwrap().len(), 1);
     }
 
     #[test]

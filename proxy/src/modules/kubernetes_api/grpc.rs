@@ -27,7 +27,7 @@ pub async fn make_kubernetes_request(
         ConnectionId::from_wire_or_any("connection_id", first.connection_id).map_err(KasError::from)?,
         METHOD,
     );
-    let mut exchange = super::start(router, target, metadata, head, None, false).await?;
+    let mut exchange = super::start(router, target, metadata, super::RequestHead::Raw(head), None, false).await?;
     let body = inbound.filter_map(|m| async move {
         match m {
             Ok(KubernetesRequest {

@@ -33,8 +33,14 @@ const DROPPED_REQUEST_HEADERS: &[&str] = &["authorization", "cookie", "host"];
 /// Cleans a request head received from a caller.
 pub fn sanitize_request_head(head: &mut HttpRequestHead) {
     let mut headers = kas_proto::kubernetes_api::headers_from_proto(&head.headers);
-    let upgrade = kas_proto::kubernetes_api::is_upgrade(&headers);
-    strip_hop_by_hop(&mut headers, upgrade);
+    sanitize_request_headers(&mut headers);
+    head.headers = kas_proto::kubernetes_api::headers_to_proto(&headers);
+}
+
+/// [`sanitize_request_head`] on headers not yet in a head (the rest listener's request).
+pub fn sanitize_request_headers(headers: &mut http::HeaderMap) {
+    let upgrade = kas_proto::kubernetes_api::is_upgrade(headers);
+    strip_hop_by_hop(headers, upgrade);
     for h in DROPPED_REQUEST_HEADERS {
         headers.remove(*h);
     }
@@ -42,7 +48,14 @@ pub fn sanitize_request_head(head: &mut HttpRequestHead) {
     for h in hops {
         headers.remove(h);
     }
-    head.headers = kas_proto::kubernetes_api::headers_to_proto(&headers);
+}
+
+/// A request head as [`start`] takes it.
+pub enum RequestHead {
+    /// From a caller: cleaned by [`start`].
+    Raw(HttpRequestHead),
+    /// Cleaned already ([`sanitize_request_headers`]).
+    Sanitized(HttpRequestHead),
 }
 
 /// An exchange in progress: the request side is being pumped, the response side is read here.
@@ -58,15 +71,21 @@ pub async fn start(
     router: &Router,
     target: Target,
     mut metadata: HashMap<String, MetadataValues>,
-    mut head: HttpRequestHead,
+    head: RequestHead,
     deadline: Option<Duration>,
     bodiless: bool,
 ) -> Result<Exchange, KasError> {
     let request_id = kas_proto::metadata::ensure_request_id(&mut metadata);
+    let head = match head {
+        RequestHead::Raw(mut head) => {
+            sanitize_request_head(&mut head);
+            head
+        }
+        RequestHead::Sanitized(head) => head,
+    };
     if head.method.is_empty() || !head.path.starts_with('/') {
         return Err(KasError::InvalidArgument("the request head needs a method and a path starting with /".into()));
     }
-    sanitize_request_head(&mut head);
     let agent_id = target.agent_id;
     let tunnel = router.route(&target, deadline).await?;
     tracing::debug!(

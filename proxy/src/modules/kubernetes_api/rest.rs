@@ -25,7 +25,7 @@ use kas_proto::{AgentId, ConnectionId};
 use tokio::io::AsyncWriteExt;
 use tokio_util::io::ReaderStream;
 
-use super::{Exchange, callers, pump_body, start};
+use super::{Exchange, RequestHead, callers, pump_body, sanitize_request_headers, start};
 use crate::error::KasError;
 use crate::router::Target;
 use serde::{Deserialize, Serialize};
@@ -211,12 +211,12 @@ async fn proxy_inner(
     let progress = request.extensions().get::<crate::server::rest::serve::WriteProgress>().cloned();
     // Taken before the body: after a 101 this is the caller's connection, as raw bytes.
     let on_upgrade = if upgrade { request.extensions_mut().remove::<hyper::upgrade::OnUpgrade>() } else { None };
-    let head = HttpRequestHead {
-        method: request.method().as_str().to_owned(),
-        path,
-        headers: headers_to_proto(request.headers()),
-    };
     let mut metadata = forwarded_metadata(request.headers());
+    // Cleaned here, once, not converted to the tunnel's form and back to be cleaned.
+    let mut headers = std::mem::take(request.headers_mut());
+    sanitize_request_headers(&mut headers);
+    let head =
+        HttpRequestHead { method: request.method().as_str().to_owned(), path, headers: headers_to_proto(&headers) };
     if let Some(impersonation) = &impersonation {
         impersonation.insert_into(&mut metadata);
     }
@@ -244,7 +244,7 @@ async fn proxy_inner(
     let target = Target::new(agent_id, ConnectionId::ANY, kas_proto::kubernetes_api::METHOD).waiting_only_if_seen();
     // Most requests (GET) have no body: the head half-closes the request, no pump task.
     let bodiless = matches!(body, Some(RequestBody::Empty));
-    let mut exchange = start(&state.router, target, metadata, head, None, bodiless).await?;
+    let mut exchange = start(&state.router, target, metadata, RequestHead::Sanitized(head), None, bodiless).await?;
     let sender = exchange.take_sender();
     let request_pump = match (body, sender) {
         (Some(RequestBody::Streamed(body)), Some(sender)) => Some(pump_body(sender, body.into_data_stream())),
