@@ -1,9 +1,13 @@
 //! The tunnel pool of one kas connection: keeps idle tunnels open (at least `min_idle`, more
 //! under load, see `IdleTarget`; at most `max` in total) and replaces a tunnel as soon as it
 //! takes a request, off the request's path.
-//! The pool task alone owns the counts; tunnel tasks report to it over a channel.
+//! The pool task alone decides what to open. The counts live in the published `PoolStats`: a
+//! tunnel updates them itself as it takes a request and comes back, and wakes the pool task only
+//! when the pool may have to act (idle tunnels below the target, or the target to grow), not
+//! twice per request (issue 14: a reused tunnel serves thousands of requests a second).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use kas_proto::ConnectionId;
@@ -91,21 +95,27 @@ pub struct PoolContext {
 
 pub use crate::status::PoolStats;
 
+/// Why a tunnel wakes the pool task (it has updated the counts itself).
 enum Event {
-    /// A tunnel got its request.
+    /// A tunnel got a request and the pool may have to open another (or grow its target).
     Busy,
     /// A tunnel ended while idle; `failed` when it could not be opened or kas rejected it.
     EndedIdle { failed: bool },
-    /// A tunnel finished its request.
+    /// A tunnel ended after a request.
     EndedBusy,
-    /// A tunnel finished its request and waits for the next one (kas reuses it).
-    Idle,
+}
+
+/// What tunnel tasks share with the pool task.
+struct Shared {
+    events: mpsc::UnboundedSender<Event>,
+    /// The idle target as the pool task last computed it: a tunnel that takes a request wakes
+    /// the pool only when the idle tunnels fall below it or the tunnels in use pass it.
+    target: AtomicUsize,
 }
 
 pub async fn run(ctx: PoolContext) {
     let (events_tx, mut events) = mpsc::unbounded_channel();
-    let mut idle = 0usize;
-    let mut in_use = 0usize;
+    let shared = Arc::new(Shared { events: events_tx, target: AtomicUsize::new(ctx.min_idle) });
     // Opening failures back off so a kas that rejects tunnels is not hammered.
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
     let mut retry_at: Option<tokio::time::Instant> = None;
@@ -114,45 +124,74 @@ pub async fn run(ctx: PoolContext) {
         if retry_at.is_none_or(|t| t <= tokio::time::Instant::now()) {
             retry_at = None;
             let want = if ctx.stop_opening.is_cancelled() { 0 } else { target.get() };
-            while idle < want && idle + in_use < ctx.max {
-                idle += 1;
-                spawn_tunnel(ctx.clone(), events_tx.clone());
+            shared.target.store(want, Ordering::Relaxed);
+            loop {
+                let PoolStats { idle, in_use } = *ctx.stats.borrow();
+                if idle >= want || idle + in_use >= ctx.max {
+                    break;
+                }
+                ctx.stats.send_modify(|s| s.idle += 1);
+                spawn_tunnel(ctx.clone(), shared.clone());
             }
         }
-        ctx.stats.send_replace(PoolStats { idle, in_use });
         let sleep_until = retry_at.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
         tokio::select! {
             () = ctx.stop_idle.cancelled() => break,
             () = tokio::time::sleep_until(sleep_until), if retry_at.is_some() => {}
             ev = events.recv() => match ev {
                 Some(Event::Busy) => {
-                    idle = idle.saturating_sub(1);
-                    in_use += 1;
-                    target.on_busy(in_use);
+                    target.on_busy(ctx.stats.borrow().in_use);
                     backoff.reset();
                 }
                 Some(Event::EndedIdle { failed }) => {
-                    idle = idle.saturating_sub(1);
                     if failed {
                         retry_at = Some(tokio::time::Instant::now() + backoff.next_delay());
                     }
                 }
-                Some(Event::EndedBusy) => in_use = in_use.saturating_sub(1),
-                Some(Event::Idle) => {
-                    in_use = in_use.saturating_sub(1);
-                    idle += 1;
-                }
+                Some(Event::EndedBusy) => {}
                 None => break,
             },
         }
     }
-    ctx.stats.send_replace(PoolStats { idle: 0, in_use });
+    ctx.stats.send_modify(|s| s.idle = 0);
 }
 
-fn spawn_tunnel(ctx: PoolContext, events: mpsc::UnboundedSender<Event>) {
+fn spawn_tunnel(ctx: PoolContext, shared: Arc<Shared>) {
     tokio::spawn(async move {
-        let outcome = open_and_serve(&ctx, &events).await;
-        let _ = events.send(outcome);
+        let outcome = open_and_serve(&ctx, &shared).await;
+        // Waiters for `idle == 0` (the end of the connection) are told when it gets there.
+        ctx.stats.send_if_modified(|s| {
+            match outcome {
+                Event::EndedIdle { .. } => s.idle = s.idle.saturating_sub(1),
+                _ => s.in_use = s.in_use.saturating_sub(1),
+            }
+            s.idle == 0
+        });
+        let _ = shared.events.send(outcome);
+    });
+}
+
+/// A tunnel took a request: counted, and the pool woken if it may have to open another.
+fn took_request(ctx: &PoolContext, shared: &Shared) {
+    let mut counts = PoolStats::default();
+    ctx.stats.send_if_modified(|s| {
+        s.idle = s.idle.saturating_sub(1);
+        s.in_use += 1;
+        counts = *s;
+        s.idle == 0
+    });
+    let target = shared.target.load(Ordering::Relaxed);
+    if counts.idle < target || counts.in_use > target {
+        let _ = shared.events.send(Event::Busy);
+    }
+}
+
+/// A tunnel finished a request and waits for the next one (kas reuses it): counted, no wakeup.
+fn back_to_idle(ctx: &PoolContext) {
+    ctx.stats.send_if_modified(|s| {
+        s.in_use = s.in_use.saturating_sub(1);
+        s.idle += 1;
+        s.idle == 1
     });
 }
 
@@ -164,7 +203,7 @@ fn authorized<T>(message: T, token: &str) -> tonic::Request<T> {
     req
 }
 
-async fn open_and_serve(ctx: &PoolContext, events: &mpsc::UnboundedSender<Event>) -> Event {
+async fn open_and_serve(ctx: &PoolContext, shared: &Shared) -> Event {
     let methods: Vec<String> = ctx.modules.iter().flat_map(|m| m.methods().iter().map(|s| (*s).to_owned())).collect();
     let (outbound, rx) = mpsc::channel::<ConnectRequest>(TUNNEL_SEND_BUFFER);
     let descriptor =
@@ -199,7 +238,7 @@ async fn open_and_serve(ctx: &PoolContext, events: &mpsc::UnboundedSender<Event>
                 return Event::EndedIdle { failed: status.code() != tonic::Code::Cancelled };
             }
         };
-        let _ = events.send(Event::Busy);
+        took_request(ctx, shared);
         tracing::debug!(
             request_id = kas_proto::metadata::request_id(&request.metadata).unwrap_or_default(),
             method = %request.method,
@@ -243,7 +282,7 @@ async fn open_and_serve(ctx: &PoolContext, events: &mpsc::UnboundedSender<Event>
         if !reusable {
             return Event::EndedBusy;
         }
-        let _ = events.send(Event::Idle);
+        back_to_idle(ctx);
     }
 }
 

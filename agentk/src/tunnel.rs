@@ -45,6 +45,8 @@ pub struct TunnelRequest {
     pub method: String,
     pub metadata: HashMap<String, pb::MetadataValues>,
     inbound: mpsc::UnboundedReceiver<Result<Inbound, Status>>,
+    /// Read by [`TunnelRequest::ended_now`] and not taken yet.
+    peeked: Option<Result<Inbound, Status>>,
     close_send_seen: bool,
 }
 
@@ -111,8 +113,13 @@ impl Current {
             changed: tokio::sync::Notify::new(),
         });
         let (tx, rx) = mpsc::unbounded_channel();
-        let request =
-            TunnelRequest { method: info.method, metadata: info.metadata, inbound: rx, close_send_seen: false };
+        let request = TunnelRequest {
+            method: info.method,
+            metadata: info.metadata,
+            inbound: rx,
+            peeked: None,
+            close_send_seen: false,
+        };
         let responder = Responder { outbound: outbound.clone(), order: order.clone(), credit: credit.clone() };
         let current = Self { order, credit, tx, read_ahead: Arc::new(Semaphore::new(REQUEST_READ_AHEAD)) };
         (current, (request, responder))
@@ -230,7 +237,11 @@ async fn fail(
 impl TunnelRequest {
     /// The next body message; `None` after CloseSend.
     pub async fn next_message(&mut self) -> Result<Option<Bytes>, Status> {
-        match self.inbound.recv().await {
+        let next = match self.peeked.take() {
+            Some(item) => Some(item),
+            None => self.inbound.recv().await,
+        };
+        match next {
             None => Err(Status::cancelled("kas ended the tunnel before CloseSend")),
             Some(Err(status)) => Err(status),
             Some(Ok(Inbound::Message(data, _read_ahead))) => Ok(Some(data)),
@@ -241,9 +252,25 @@ impl TunnelRequest {
         }
     }
 
+    /// Whether the request's CloseSend has been read already (taking it if it is the next
+    /// frame), without waiting: the request has no more body.
+    pub fn ended_now(&mut self) -> bool {
+        if self.peeked.is_none() {
+            self.peeked = self.inbound.try_recv().ok();
+        }
+        if matches!(self.peeked, Some(Ok(Inbound::CloseSend))) {
+            self.peeked = None;
+            self.close_send_seen = true;
+        }
+        self.close_send_seen
+    }
+
     /// Waits until kas ends the tunnel (or starts the next exchange on it), discarding request
     /// frames: after CloseSend, the sign that the caller is gone.
     pub async fn finish(&mut self) {
+        if matches!(self.peeked.take(), Some(Err(_))) {
+            return;
+        }
         while let Some(Ok(_)) = self.inbound.recv().await {}
     }
 
@@ -469,6 +496,25 @@ mod tests {
                 _ => "other",
             })
             .collect()
+    }
+
+    /// A GET's CloseSend comes with its head: `ended_now` sees it without waiting, and a body
+    /// message that comes first is still read, in order.
+    #[tokio::test]
+    async fn ended_now_takes_a_close_send_that_is_there_and_keeps_a_body() {
+        let (outbound, _to_kas) = mpsc::channel(kas_proto::flow::HOP_BUFFER);
+        let mut order = FrameOrder::after_descriptor();
+        order.request(RequestFrame::RequestInfo).unwrap();
+        let (current, (mut request, _responder)) = Current::new(pb::RequestInfo::default(), order, &outbound);
+        assert!(!request.ended_now(), "nothing read yet");
+        let permit = || current.read_ahead.clone().try_acquire_many_owned(4).unwrap();
+        current.tx.send(Ok(Inbound::Message(Bytes::from_static(b"body"), permit()))).unwrap();
+        current.tx.send(Ok(Inbound::CloseSend)).unwrap();
+        assert!(!request.ended_now(), "a body message comes first");
+        assert!(!request.ended_now(), "asking again does not skip it");
+        assert_eq!(request.next_message().await.unwrap().as_deref(), Some(&b"body"[..]));
+        assert!(request.ended_now());
+        assert!(request.drain_to_close_send().await, "the request is complete");
     }
 
     /// A small response is queued whole before anything else runs, so tonic's encoder takes it

@@ -34,8 +34,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use kas_proto::impersonation::Impersonation;
 use kas_proto::kubernetes_api::{
-    HttpFrame, HttpRequestHead, HttpResponseHead, headers_from_proto, headers_to_proto, http_frame,
-    is_discovery_request, is_upgrade, strip_hop_by_hop, warning_header,
+    HttpFrame, HttpRequestHead, HttpResponseHead, headers_to_proto, http_frame, is_discovery_request, is_upgrade,
+    strip_hop_by_hop, warning_header,
 };
 use kube::client::ConfigExt;
 use prost::Message;
@@ -234,18 +234,26 @@ fn method_and_uri(head: &HttpRequestHead) -> Result<(http::Method, http::Uri), S
     Ok((method, uri))
 }
 
-/// The headers that go to the API server.
+/// [`FORWARDED_REQUEST_HEADERS`], parsed once.
+static FORWARDED_NAMES: std::sync::LazyLock<Vec<HeaderName>> =
+    std::sync::LazyLock::new(|| FORWARDED_REQUEST_HEADERS.iter().map(|n| HeaderName::from_static(n)).collect());
+
+/// The headers that go to the API server: only the whitelisted ones are taken from the head
+/// (not all of them parsed, then filtered), then hop-by-hop ones are stripped as from the whole
+/// set (the `Connection` header that names them is whitelisted).
 fn forwarded_headers(head: &HttpRequestHead) -> HeaderMap {
-    let mut headers = headers_from_proto(&head.headers);
-    let upgrade = is_upgrade(&headers);
-    strip_hop_by_hop(&mut headers, upgrade);
     let mut out = HeaderMap::new();
-    for name in FORWARDED_REQUEST_HEADERS {
-        for v in headers.get_all(*name) {
-            out.append(HeaderName::from_static(name), v.clone());
+    for (name, values) in &head.headers {
+        let Some(name) = FORWARDED_NAMES.iter().find(|n| n.as_str().eq_ignore_ascii_case(name)) else { continue };
+        for v in &values.values {
+            if let Ok(v) = HeaderValue::from_maybe_shared(v.clone()) {
+                out.append(name.clone(), v);
+            }
         }
     }
-    let ua = match headers.get(USER_AGENT).and_then(|v| v.to_str().ok()) {
+    let upgrade = is_upgrade(&out);
+    strip_hop_by_hop(&mut out, upgrade);
+    let ua = match out.get(USER_AGENT).and_then(|v| v.to_str().ok()) {
         Some(ua) if !ua.is_empty() => format!("{ua} via agentk/{}", crate::VERSION),
         _ => format!("agentk/{}", crate::VERSION),
     };
@@ -283,8 +291,12 @@ impl KubernetesApi {
             tracing::info!(method = %head.method, path = %uri.path(), "Kubernetes API request refused by the agent configuration");
             return forbidden(responder, &head, uri.path(), reason).await;
         }
+        // A request whose end came with its head (a GET: kas sends RequestInfo, head and
+        // CloseSend together) goes out without a body. A streamed body of unknown length would
+        // make hyper send it chunked, its end ("0\r\n\r\n") in a write of its own.
+        let bodiless = !upgrade && request.ended_now();
         let (body_tx, body_rx) = mpsc::channel(BODY_BUFFER);
-        let body: ProxyBody = if upgrade {
+        let body: ProxyBody = if upgrade || bodiless {
             Empty::<Bytes>::new().map_err(|e: Infallible| match e {}).boxed()
         } else {
             StreamBody::new(ReceiverStream::new(body_rx)).boxed()
@@ -299,7 +311,7 @@ impl KubernetesApi {
         let head_deadline = tokio::time::Instant::now() + self.timeouts.response_header;
         let call = self.service.clone().oneshot(http_request);
         tokio::pin!(call);
-        let mut body = BodyPump::new((!upgrade).then_some(body_tx));
+        let mut body = if bodiless { BodyPump::ended() } else { BodyPump::new((!upgrade).then_some(body_tx)) };
         // The request body and the response proceed together (the API server reads the body
         // before it answers, and may answer before it read all of it). Once the body is sent,
         // the tunnel is still watched: kas ending it means the caller went away, and dropping
@@ -443,6 +455,11 @@ struct BodyPump {
 impl BodyPump {
     fn new(tx: Option<BodySender>) -> Self {
         Self { tx, pending: VecDeque::new(), pending_bytes: 0, complete: false }
+    }
+
+    /// The request had no body and its CloseSend was read: only kas ending the tunnel is watched.
+    fn ended() -> Self {
+        Self { tx: None, pending: VecDeque::new(), pending_bytes: 0, complete: true }
     }
 
     /// Moves the body one step: reads a frame from the tunnel or hands a chunk to the API
