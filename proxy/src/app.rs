@@ -530,7 +530,7 @@ impl Bound {
                 .add_routes(api_services.routes())
                 .serve_with_incoming_shutdown(incoming("api", api, tls.api), shutdown.clone().cancelled_owned()),
         );
-        let rest_state = RestState {
+        let rest_state = RestState::new(rest::RestStateParts {
             router: router.clone(),
             verifier: JwtVerifier::gitlab(&gitlab_secret)
                 .with_max_lifetime(config.auth.jwt_max_lifetime)
@@ -539,7 +539,7 @@ impl Bound {
             callers,
             gitops,
             cluster_state,
-        };
+        });
         // HTTP/1.1 and HTTP/2, upgrades, optional TLS; on shutdown it stops accepting and lets
         // in-flight requests finish (bounded by the grace period below).
         let rest_shutdown = shutdown.clone();

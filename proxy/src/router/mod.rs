@@ -465,6 +465,10 @@ impl Router {
         if !here {
             return Err(KasError::NotHere { agent_id: target.agent_id, connection_id: target.connection_id });
         }
+        // An idle tunnel at once is the common case: no timer for it.
+        if let Some(t) = self.tunnels.find_now(target.query()).await.map_err(|_| KasError::ShuttingDown)? {
+            return Ok(t.io);
+        }
         let started = Instant::now();
         let (wait, caller_bound) = self.wait_for(caller_deadline);
         match tokio::time::timeout(wait, self.tunnels.find(target.query())).await {

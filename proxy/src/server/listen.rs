@@ -200,7 +200,10 @@ pub fn grpc_incoming(
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     tokio::spawn(async move {
         loop {
+            // Shutdown first: once it is cancelled no connection is accepted, even one already
+            // waiting (tonic no longer takes them, so it would be left open, not refused).
             let accepted = tokio::select! {
+                biased;
                 () = shutdown.cancelled() => break,
                 () = tx.closed() => break,
                 a = acceptor.accept() => a,

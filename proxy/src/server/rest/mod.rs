@@ -38,7 +38,7 @@ use utoipa_swagger_ui::SwaggerUi;
 use self::config::RestConfig;
 pub use self::problem::{OwnErrorFormat, PROBLEM_JSON, Problem};
 use self::problem::{REQUEST_ID, not_found, problem_for_bare_errors};
-pub use self::state::{RestState, forwarded_metadata, path_text};
+pub use self::state::{RestState, RestStateParts, forwarded_metadata, path_text};
 use crate::modules::Module;
 
 /// Where the OpenAPI document is served.

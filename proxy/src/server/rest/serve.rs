@@ -186,7 +186,9 @@ pub async fn serve(
         .keep_alive_timeout(HTTP2_KEEPALIVE_TIMEOUT)
         .max_concurrent_streams(settings.max_concurrent_streams);
     loop {
+        // Shutdown first (as in `grpc_incoming`): nothing is accepted once it is cancelled.
         let Accepted { tcp, permit, deadline } = tokio::select! {
+            biased;
             () = shutdown.cancelled() => break,
             accepted = acceptor.accept() => accepted,
         };

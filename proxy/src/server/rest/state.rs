@@ -14,14 +14,32 @@ use crate::auth::JwtVerifier;
 use crate::error::KasError;
 use crate::router::Router;
 
-/// What the REST handlers share. The Kubernetes API proxy routes use the same state.
+/// What the REST handlers share. The Kubernetes API proxy routes use the same state. axum
+/// clones it for every request: one reference count, not one per part (a dozen atomic updates
+/// and as many back per proxied request).
 #[derive(Clone)]
-pub struct RestState {
+pub struct RestState(std::sync::Arc<RestStateParts>);
+
+impl RestState {
+    pub fn new(parts: RestStateParts) -> Self {
+        Self(std::sync::Arc::new(parts))
+    }
+}
+
+impl std::ops::Deref for RestState {
+    type Target = RestStateParts;
+
+    fn deref(&self) -> &RestStateParts {
+        &self.0
+    }
+}
+
+/// The parts of [`RestState`].
+pub struct RestStateParts {
     /// The one router (the same `KasApi` uses).
     pub router: Router,
     /// Verifies callers' JWTs (GitLab's: the api listener's rules).
     pub verifier: JwtVerifier,
-    /// Shared: the state is cloned for every request.
     pub config: std::sync::Arc<RestConfig>,
     /// Verifies the other callers of the Kubernetes API proxy (CI jobs, people).
     pub callers: crate::modules::kubernetes_api::callers::CallerVerifiers,

@@ -49,14 +49,14 @@ fn fixture_with(config: RestConfig, max_wait: Duration) -> Fixture {
         peers,
         stop.clone(),
     );
-    let state = RestState {
+    let state = RestState::new(crate::server::rest::RestStateParts {
         router: kas_router,
         verifier: JwtVerifier::gitlab(&secret),
         config: config.into(),
         callers: Default::default(),
         gitops: gitops_state(registry.clone()),
         cluster_state: cluster_state.clone(),
-    };
+    });
     let app = router(state, &crate::modules::all());
     Fixture { app, secret, registry, cluster_state, _stop: stop.drop_guard() }
 }
