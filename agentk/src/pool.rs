@@ -153,7 +153,8 @@ pub async fn run(ctx: PoolContext) {
             },
         }
     }
-    ctx.stats.send_modify(|s| s.idle = 0);
+    // Not reset here: this connection's idle tunnels count themselves out as they end (on
+    // `stop_idle`), also when the next connection's pool has started counting its own.
 }
 
 fn spawn_tunnel(ctx: PoolContext, shared: Arc<Shared>) {
