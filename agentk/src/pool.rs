@@ -173,9 +173,9 @@ fn spawn_tunnel(ctx: PoolContext, shared: Arc<Shared>) {
 }
 
 /// A tunnel took a request: counted, and the pool woken if it may have to open another.
-fn took_request(ctx: &PoolContext, shared: &Shared) {
+fn took_request(stats: &watch::Sender<PoolStats>, shared: &Shared) {
     let mut counts = PoolStats::default();
-    ctx.stats.send_if_modified(|s| {
+    stats.send_if_modified(|s| {
         s.idle = s.idle.saturating_sub(1);
         s.in_use += 1;
         counts = *s;
@@ -188,8 +188,8 @@ fn took_request(ctx: &PoolContext, shared: &Shared) {
 }
 
 /// A tunnel finished a request and waits for the next one (kas reuses it): counted, no wakeup.
-fn back_to_idle(ctx: &PoolContext) {
-    ctx.stats.send_if_modified(|s| {
+fn back_to_idle(stats: &watch::Sender<PoolStats>) {
+    stats.send_if_modified(|s| {
         s.in_use = s.in_use.saturating_sub(1);
         s.idle += 1;
         s.idle == 1
@@ -239,7 +239,7 @@ async fn open_and_serve(ctx: &PoolContext, shared: &Shared) -> Event {
                 return Event::EndedIdle { failed: status.code() != tonic::Code::Cancelled };
             }
         };
-        took_request(ctx, shared);
+        took_request(&ctx.stats, shared);
         tracing::debug!(
             request_id = kas_proto::metadata::request_id(&request.metadata).unwrap_or_default(),
             method = %request.method,
@@ -283,13 +283,34 @@ async fn open_and_serve(ctx: &PoolContext, shared: &Shared) -> Event {
         if !reusable {
             return Event::EndedBusy;
         }
-        back_to_idle(ctx);
+        back_to_idle(&ctx.stats);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A reused tunnel counts itself busy and idle again without waking the pool task, until
+    /// the idle tunnels fall below the target (or those in use pass it): then the pool is woken
+    /// to open another.
+    #[test]
+    fn a_tunnel_wakes_the_pool_only_when_it_may_have_to_open_one() {
+        let (events, mut woken) = mpsc::unbounded_channel();
+        let shared = Shared { events, target: AtomicUsize::new(2) };
+        let (stats, counts) = watch::channel(PoolStats { idle: 4, in_use: 0 });
+        took_request(&stats, &shared);
+        assert_eq!(*counts.borrow(), PoolStats { idle: 3, in_use: 1 });
+        back_to_idle(&stats);
+        assert_eq!(*counts.borrow(), PoolStats { idle: 4, in_use: 0 });
+        took_request(&stats, &shared);
+        took_request(&stats, &shared);
+        assert_eq!(*counts.borrow(), PoolStats { idle: 2, in_use: 2 });
+        assert!(woken.try_recv().is_err(), "at the target: nothing to open");
+        took_request(&stats, &shared);
+        assert_eq!(*counts.borrow(), PoolStats { idle: 1, in_use: 3 });
+        assert!(matches!(woken.try_recv(), Ok(Event::Busy)), "below the target: the pool is woken");
+    }
 
     #[tokio::test(start_paused = true)]
     async fn idle_target_grows_under_load_and_shrinks_when_quiet() {
