@@ -25,6 +25,12 @@ fn two_kas(builder: ClusterBuilder) -> ClusterBuilder {
     })
 }
 
+/// The agent opens its presence stream on kas 0, then on kas 1 (each must be accepted).
+async fn open_on_both(c: &Cluster, token: &str) {
+    c.open_configuration_on(0, token, "").await.unwrap();
+    c.open_configuration_on(1, token, "").await.unwrap();
+}
+
 fn prefix(c: &Cluster) -> String {
     c.config.registry.redis.as_ref().unwrap().key_prefix.clone()
 }
@@ -82,8 +88,7 @@ async fn an_agent_verified_by_one_kas_is_not_verified_again_by_another_within_th
 async fn a_revoked_token_stops_working_on_every_kas_after_the_ttl() {
     let c = two_kas(Cluster::builder().redis()).start().await;
     let token = c.agent(1).token.clone();
-    c.open_configuration_on(0, &token, "").await.unwrap();
-    c.open_configuration_on(1, &token, "").await.unwrap();
+    open_on_both(&c, &token).await;
     assert_eq!(gitlab(&c).requests(), 1);
     gitlab(&c).revoke(&token);
     // Until the ttl both kas still accept it (GitLab's yes holds that long), then neither does:
@@ -110,8 +115,7 @@ async fn with_redis_down_each_kas_asks_gitlab() {
     let mut c = two_kas(Cluster::builder().agents(&[(1, 10), (2, 10)]).redis()).start().await;
     c.redis.as_mut().unwrap().stop().await;
     let token = c.agent(1).token.clone();
-    c.open_configuration_on(0, &token, "").await.unwrap();
-    c.open_configuration_on(1, &token, "").await.unwrap();
+    open_on_both(&c, &token).await;
     assert_eq!(gitlab(&c).requests(), 2, "no sharing, but every verification works");
     c.assert_metrics(0, &[r#"kas_agent_info_shared_cache_total{outcome="error"}"#]).await;
     let warnings = logs.lines_with("shared agent_info cache failed");
@@ -137,8 +141,7 @@ async fn sharing_can_be_turned_off() {
         .start()
         .await;
     let token = c.agent(1).token.clone();
-    c.open_configuration_on(0, &token, "").await.unwrap();
-    c.open_configuration_on(1, &token, "").await.unwrap();
+    open_on_both(&c, &token).await;
     assert_eq!(gitlab(&c).requests(), 2);
 }
 
@@ -146,8 +149,7 @@ async fn sharing_can_be_turned_off() {
 async fn the_shared_cache_works_on_a_redis_cluster() {
     let c = two_kas(Cluster::builder().redis_cluster()).start().await;
     let token = c.agent(1).token.clone();
-    c.open_configuration_on(0, &token, "").await.unwrap();
-    c.open_configuration_on(1, &token, "").await.unwrap();
+    open_on_both(&c, &token).await;
     assert_eq!(gitlab(&c).requests(), 1, "kas 1 used kas 0's answer");
     // The entry's digest is its hash tag.
     let cluster = c.redis_cluster.as_ref().unwrap();

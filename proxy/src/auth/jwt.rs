@@ -315,7 +315,6 @@ mod tests {
         let digest = VerifiedTokens::digest(&token);
         let until = kept()[&digest];
         assert!((now + 60..=now + 61 + LEEWAY_SECS).contains(&until), "{until} vs now {now}");
-        assert!(!kept().keys().any(|k| k.as_slice() == token.as_bytes()), "the token itself is not kept");
         // From the cache, the same clone or another: one map per verifier.
         v.clone().verify(&token).unwrap();
         assert_eq!(kept().len(), 1);

@@ -120,11 +120,7 @@ impl<V: Clone> TtlCache<V> {
         let now = Instant::now();
         let stored = Stored { value: Ok(value), expires_at: now + ttl.min(self.ttl) };
         let slot = Arc::new(Slot { created: now, cell: OnceCell::new_with(Some(stored)) });
-        let mut entries = self.lock();
-        if !entries.contains_key(&key) && entries.len() >= self.max_entries {
-            evict(&mut entries, now, self.max_entries);
-        }
-        entries.insert(key, slot);
+        insert_bounded(&mut self.lock(), key, slot, now, self.max_entries);
     }
 
     /// Keys currently held (loaded or loading, expired or not).
@@ -157,13 +153,25 @@ impl<V: Clone> TtlCache<V> {
                 _ if outdated => {}
                 _ => return slot.clone(),
             }
-        } else if entries.len() >= self.max_entries {
-            evict(&mut entries, now, self.max_entries);
         }
         let slot = Arc::new(Slot { created: now, cell: OnceCell::new() });
-        entries.insert(key, slot.clone());
+        insert_bounded(&mut entries, key, slot.clone(), now, self.max_entries);
         slot
     }
+}
+
+/// Puts `slot` under `key`, making room first when `key` is new and the map is full.
+fn insert_bounded<V>(
+    entries: &mut HashMap<CacheKey, Cell<V>>,
+    key: CacheKey,
+    slot: Cell<V>,
+    now: Instant,
+    max_entries: usize,
+) {
+    if !entries.contains_key(&key) && entries.len() >= max_entries {
+        evict(entries, now, max_entries);
+    }
+    entries.insert(key, slot);
 }
 
 /// Makes room for one more entry: expired answers go first, then the answers expiring soonest,

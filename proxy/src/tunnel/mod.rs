@@ -90,6 +90,21 @@ struct Inner {
     next_id: AtomicU64,
 }
 
+impl Inner {
+    /// Runs `f` on the state under the lock; what it let go of is dropped after the lock is
+    /// released (a tunnel's drop may reach back into the registry).
+    fn with_state<R>(&self, f: impl FnOnce(&mut State) -> R) -> Result<R, Stopped> {
+        let (result, released) = {
+            let mut guard = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            let state = guard.as_mut().ok_or(Stopped)?;
+            let result = f(state);
+            (result, std::mem::take(&mut state.released))
+        };
+        drop(released);
+        Ok(result)
+    }
+}
+
 impl std::fmt::Debug for TunnelRegistry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("TunnelRegistry")
@@ -110,17 +125,8 @@ impl TunnelRegistry {
         Self { inner }
     }
 
-    /// Runs `f` on the state under the lock; what it let go of is dropped after the lock is
-    /// released (a tunnel's drop may reach back into the registry).
     fn with_state<R>(&self, f: impl FnOnce(&mut State) -> R) -> Result<R, Stopped> {
-        let (result, released) = {
-            let mut guard = self.inner.state.lock().unwrap_or_else(PoisonError::into_inner);
-            let state = guard.as_mut().ok_or(Stopped)?;
-            let result = f(state);
-            (result, std::mem::take(&mut state.released))
-        };
-        drop(released);
-        Ok(result)
+        self.inner.with_state(f)
     }
 
     /// Records an agent connection. `false` if that connection id is already held here.
@@ -258,7 +264,7 @@ impl TunnelRegistry {
         tokio::spawn(async move {
             closed.closed().await;
             if let Some(inner) = registry.upgrade() {
-                let _ = Self { inner }.with_state(|s| s.release_idle(agent_id, |t| t.id == id));
+                let _ = inner.with_state(|s| s.release_idle(agent_id, |t| t.id == id));
             }
         });
     }
@@ -364,10 +370,10 @@ impl State {
     /// Closes the tunnels idle since before `cutoff`. A request never holds one of them: the
     /// registry hands tunnels out under the same lock.
     fn close_idle_before(&mut self, cutoff: tokio::time::Instant) {
-        let agents: Vec<AgentId> = self.idle.keys().copied().collect();
-        for agent_id in agents {
-            self.release_idle(agent_id, |t| t.since <= cutoff);
+        for list in self.idle.values_mut() {
+            self.released.extend(list.extract_if(.., |t| t.since <= cutoff));
         }
+        self.idle.retain(|_, list| !list.is_empty());
     }
 }
 
@@ -383,7 +389,7 @@ async fn sweep(registry: Weak<Inner>, shutdown: CancellationToken, idle_timeout:
             _ = sweep.tick() => {
                 let Some(inner) = registry.upgrade() else { return };
                 if let Some(cutoff) = tokio::time::Instant::now().checked_sub(idle_timeout) {
-                    let _ = TunnelRegistry { inner }.with_state(|s| s.close_idle_before(cutoff));
+                    let _ = inner.with_state(|s| s.close_idle_before(cutoff));
                 }
             }
         }
