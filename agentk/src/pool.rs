@@ -225,7 +225,7 @@ async fn open_and_serve(ctx: &PoolContext, shared: &Shared) -> Event {
         }
     };
     let (reader, mut exchanges) = tunnel::start(inbound, outbound);
-    let serve = async move {
+    let serve = async {
         loop {
             let next = tokio::select! {
                 () = ctx.stop_idle.cancelled() => return Event::EndedIdle { failed: false },
@@ -288,25 +288,18 @@ async fn open_and_serve(ctx: &PoolContext, shared: &Shared) -> Event {
         }
     };
     // The reader and the exchanges it feeds share this task (issue 14: a reader task of its own
-    // took a wakeup per frame handed on).
-    let mut reader = Some(Box::pin(reader));
+    // took a wakeup per frame handed on). When `serve` ends, the reader (and the stream) ends
+    // with it, as it did when `exchanges` was dropped.
+    let mut reader = std::pin::pin!(reader);
+    let mut reading = true;
     let mut serve = std::pin::pin!(serve);
-    let event = std::future::poll_fn(|cx| {
-        if let Some(r) = reader.as_mut()
-            && r.as_mut().poll(cx).is_ready()
-        {
-            reader = None;
+    std::future::poll_fn(|cx| {
+        if reading && reader.as_mut().poll(cx).is_ready() {
+            reading = false;
         }
         serve.as_mut().poll(cx)
     })
-    .await;
-    // The reader holds the stream, and dropping it now would reset the stream under response
-    // frames still queued for kas (the last exchange's trailer): it finishes on its own, once
-    // it sees `exchanges` (dropped with `serve`) gone.
-    if let Some(reader) = reader {
-        tokio::spawn(reader);
-    }
-    event
+    .await
 }
 
 #[cfg(test)]
