@@ -224,82 +224,67 @@ async fn open_and_serve(ctx: &PoolContext, shared: &Shared) -> Event {
             return Event::EndedIdle { failed: true };
         }
     };
-    let (reader, mut exchanges) = tunnel::start(inbound, outbound);
-    let serve = async {
-        loop {
-            let next = tokio::select! {
-                () = ctx.stop_idle.cancelled() => return Event::EndedIdle { failed: false },
-                next = exchanges.recv() => next,
-            };
-            let (mut request, responder) = match next {
-                Some(Ok(exchange)) => exchange,
-                // kas closed an idle tunnel (it is shutting down, or the tunnel idled out).
-                None => return Event::EndedIdle { failed: false },
-                Some(Err(status)) => {
-                    tracing::debug!(code = ?status.code(), error = %status.message(), "idle tunnel ended");
-                    return Event::EndedIdle { failed: status.code() != tonic::Code::Cancelled };
-                }
-            };
-            took_request(&ctx.stats, shared);
-            tracing::debug!(
-                request_id = kas_proto::metadata::request_id(&request.metadata).unwrap_or_default(),
-                method = %request.method,
-                connection_id = %ctx.connection_id,
-                "serving a request"
-            );
-            // A handful of modules: a scan costs less than building a map per tunnel.
-            let module = ctx.modules.iter().find(|m| m.methods().contains(&request.method.as_str())).cloned();
-            let method = request.method.clone();
-            let stop_all = ctx.stop_all.clone();
-            let reusable = ctx
-                .in_flight
-                .track_future(async move {
-                    let serve = async {
-                        match module {
-                            Some(module) => module.handle(&mut request, &responder).await,
-                            None => {
-                                let status = tonic::Status::unimplemented(format!("agentk does not serve {method}"));
-                                let _ = responder.error(&status).await;
-                            }
-                        }
-                        let response_ended = responder.is_done();
-                        drop(responder);
-                        // An exchange that ended cleanly both ways leaves the tunnel ready for the
-                        // next one; otherwise wait for kas to end the tunnel.
-                        if response_ended && request.drain_to_close_send().await {
-                            return true;
-                        }
-                        request.finish().await;
-                        false
-                    };
-                    tokio::select! {
-                        reusable = serve => reusable,
-                        () = stop_all.cancelled() => {
-                            tracing::warn!(%method, "request cancelled: shutdown grace period over");
-                            false
+    let mut exchanges = tunnel::start(inbound, outbound);
+    loop {
+        let next = tokio::select! {
+            () = ctx.stop_idle.cancelled() => return Event::EndedIdle { failed: false },
+            next = exchanges.recv() => next,
+        };
+        let (mut request, responder) = match next {
+            Some(Ok(exchange)) => exchange,
+            // kas closed an idle tunnel (it is shutting down, or the tunnel idled out).
+            None => return Event::EndedIdle { failed: false },
+            Some(Err(status)) => {
+                tracing::debug!(code = ?status.code(), error = %status.message(), "idle tunnel ended");
+                return Event::EndedIdle { failed: status.code() != tonic::Code::Cancelled };
+            }
+        };
+        took_request(&ctx.stats, shared);
+        tracing::debug!(
+            request_id = kas_proto::metadata::request_id(&request.metadata).unwrap_or_default(),
+            method = %request.method,
+            connection_id = %ctx.connection_id,
+            "serving a request"
+        );
+        // A handful of modules: a scan costs less than building a map per tunnel.
+        let module = ctx.modules.iter().find(|m| m.methods().contains(&request.method.as_str())).cloned();
+        let method = request.method.clone();
+        let stop_all = ctx.stop_all.clone();
+        let reusable = ctx
+            .in_flight
+            .track_future(async move {
+                let serve = async {
+                    match module {
+                        Some(module) => module.handle(&mut request, &responder).await,
+                        None => {
+                            let status = tonic::Status::unimplemented(format!("agentk does not serve {method}"));
+                            let _ = responder.error(&status).await;
                         }
                     }
-                })
-                .await;
-            if !reusable {
-                return Event::EndedBusy;
-            }
-            back_to_idle(&ctx.stats);
+                    let response_ended = responder.is_done();
+                    drop(responder);
+                    // An exchange that ended cleanly both ways leaves the tunnel ready for the
+                    // next one; otherwise wait for kas to end the tunnel.
+                    if response_ended && request.drain_to_close_send().await {
+                        return true;
+                    }
+                    request.finish().await;
+                    false
+                };
+                tokio::select! {
+                    reusable = serve => reusable,
+                    () = stop_all.cancelled() => {
+                        tracing::warn!(%method, "request cancelled: shutdown grace period over");
+                        false
+                    }
+                }
+            })
+            .await;
+        if !reusable {
+            return Event::EndedBusy;
         }
-    };
-    // The reader and the exchanges it feeds share this task (issue 14: a reader task of its own
-    // took a wakeup per frame handed on). When `serve` ends, the reader (and the stream) ends
-    // with it, as it did when `exchanges` was dropped.
-    let mut reader = std::pin::pin!(reader);
-    let mut reading = true;
-    let mut serve = std::pin::pin!(serve);
-    std::future::poll_fn(|cx| {
-        if reading && reader.as_mut().poll(cx).is_ready() {
-            reading = false;
-        }
-        serve.as_mut().poll(cx)
-    })
-    .await
+        back_to_idle(&ctx.stats);
+    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! agentk's end of one tunnel: receives the request frames and sends the response frames, both
 //! checked against the shared [`FrameOrder`] (the same state machine kas uses).
 //!
-//! A reader per tunnel takes what kas sends ([`read_frames`]), for every exchange the tunnel
+//! One task per tunnel reads what kas sends ([`read_frames`]), for every exchange the tunnel
 //! carries (a tunnel is reusable: see `kas_proto::tunnel`): response credit
 //! (`WindowUpdate`, see `kas_proto::flow`) must arrive while a module waits for it to send, and
 //! the module may not be reading the request body then. Request frames are read ahead of the
@@ -82,17 +82,17 @@ impl SendCredit {
 /// One request on a tunnel: what the module reads and how it answers.
 pub type Exchange = (TunnelRequest, Responder);
 
-/// The reader of everything kas sends on a tunnel whose Descriptor was sent, and the
-/// exchanges it starts: one per `RequestInfo` (a reusable tunnel carries the next once the
-/// previous ended cleanly). A stream error while no exchange is open comes as an error item;
-/// the end of the stream closes the channel. The caller polls the reader in the task that
-/// serves the exchanges (see `pool`): its hand-offs to the module then wake no other task.
+/// Starts the task that reads everything kas sends on a tunnel whose Descriptor was sent, and
+/// returns the exchanges it starts: one per `RequestInfo` (a reusable tunnel carries the next
+/// once the previous ended cleanly). A stream error while no exchange is open comes as an
+/// error item; the end of the stream closes the channel.
 pub fn start(
     inbound: Streaming<ConnectResponse>,
     outbound: mpsc::Sender<ConnectRequest>,
-) -> (impl Future<Output = ()> + Send, mpsc::Receiver<Result<Exchange, Status>>) {
+) -> mpsc::Receiver<Result<Exchange, Status>> {
     let (tx, rx) = mpsc::channel(1);
-    (read_frames(inbound, outbound, tx), rx)
+    tokio::spawn(read_frames(inbound, outbound, tx));
+    rx
 }
 
 /// The exchange the reader is feeding.
@@ -132,7 +132,7 @@ impl Current {
 
 /// Reads kas's frames until the stream ends or the serve loop is gone: `RequestInfo` starts an
 /// exchange, credit goes to its responder at once, request frames to its module (body data
-/// within [`REQUEST_READ_AHEAD`]). The stream lives as long as this reader: dropping it earlier
+/// within [`REQUEST_READ_AHEAD`]). The stream lives as long as this task: dropping it earlier
 /// would reset the stream, and a reset discards response frames kas has not read yet.
 async fn read_frames(
     mut inbound: Streaming<ConnectResponse>,

@@ -19,33 +19,32 @@
 //! so kubectl prints "Error from server (Forbidden)". Until the first configuration arrives,
 //! the proxy serves everything (the configuration's default).
 
-mod connections;
-
 use std::collections::VecDeque;
 use std::convert::Infallible;
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::FutureExt;
 use http::header::{HeaderMap, HeaderName, HeaderValue, USER_AGENT};
+use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Empty, StreamBody};
 use hyper::body::{Frame, Incoming};
-use hyper_util::rt::TokioIo;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use kas_proto::impersonation::Impersonation;
 use kas_proto::kubernetes_api::{
     HttpFrame, HttpRequestHead, HttpResponseHead, headers_to_proto, http_frame, is_discovery_request, is_upgrade,
     strip_hop_by_hop, warning_header,
 };
+use kube::client::ConfigExt;
 use prost::Message;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tokio_util::sync::CancellationToken;
 use tonic::Status;
-
-use self::connections::{ApiConnections, ProxyBody};
+use tower::util::BoxCloneSyncService;
+use tower::{BoxError, ServiceBuilder, ServiceExt};
 
 use crate::metrics::Outcome;
 use crate::tunnel::{Batch, Responder, TunnelRequest};
@@ -113,8 +112,13 @@ const BODY_READ_AHEAD: usize = 3 * 1024 * 1024;
 /// Read size for an upgraded connection.
 const UPGRADED_READ_BUFFER: usize = 16 * 1024;
 
+// A concrete body error type (not BoxError): keeps the service's request type free of trait-object
+// lifetimes, which async-trait futures cannot prove general enough.
+type ProxyBody = BoxBody<Bytes, std::io::Error>;
+type ApiService = BoxCloneSyncService<http::Request<ProxyBody>, http::Response<Incoming>, BoxError>;
+
 pub struct KubernetesApi {
-    connections: Arc<ApiConnections>,
+    service: ApiService,
     timeouts: ApiTimeouts,
     /// The agent configuration as last received from kas.
     configuration: Configuration,
@@ -123,14 +127,29 @@ pub struct KubernetesApi {
 type Configuration = tokio::sync::watch::Receiver<Option<kas_proto::tunnel::pb::ConfigurationResponse>>;
 
 impl KubernetesApi {
-    /// Requests go out on agentk's own HTTP/1 connections ([`ApiConnections`]).
+    /// The same TLS, base URL and authentication stack kube-rs builds, around a plain hyper
+    /// client with streaming bodies and without kube-rs's read/write timeouts (agentk's own
+    /// `timeouts` apply instead; kube-rs's 30 s connect timeout is not from the kubeconfig).
     pub fn new(
         config: &kube::Config,
         configuration: Configuration,
         timeouts: ApiTimeouts,
     ) -> Result<Self, kube::Error> {
-        let connections = ApiConnections::new(config, timeouts.connect, API_SERVER_READ_BUFFER)?;
-        Ok(Self { connections: Arc::new(connections), timeouts, configuration })
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_connect_timeout(Some(timeouts.connect));
+        http.set_nodelay(true);
+        let connector = config.rustls_https_connector_with_connector(http)?;
+        let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+            .http1_max_buf_size(API_SERVER_READ_BUFFER)
+            .build(connector);
+        let service = ServiceBuilder::new()
+            .layer(config.base_uri_layer())
+            .option_layer(config.auth_layer()?)
+            .layer(config.extra_headers_layer()?)
+            .map_err(BoxError::from)
+            .service(client);
+        Ok(Self { service: BoxCloneSyncService::new(service), timeouts, configuration })
     }
 
     /// Why the agent configuration refuses this request, if it does.
@@ -290,7 +309,7 @@ impl KubernetesApi {
 
         let started = std::time::Instant::now();
         let head_deadline = tokio::time::Instant::now() + self.timeouts.response_header;
-        let call = self.connections.send(http_request);
+        let call = self.service.clone().oneshot(http_request);
         tokio::pin!(call);
         let mut body = if bodiless { BodyPump::ended() } else { BodyPump::new((!upgrade).then_some(body_tx)) };
         // The request body and the response proceed together (the API server reads the body
@@ -314,7 +333,7 @@ impl KubernetesApi {
                 }
             }
         };
-        let (response, mut connection) = match response {
+        let response = match response {
             Ok(r) => r,
             Err(e) if is_connect_timeout(e.as_ref()) => {
                 let message = format!(
@@ -325,88 +344,71 @@ impl KubernetesApi {
                 tracing::info!(method = %head.method, path = %head.path, "Kubernetes API connect timeout");
                 return kubernetes_status(responder, &head, 504, "Timeout", &message).await.map(|()| Outcome::Timeout);
             }
-            Err(e) => {
-                return Err(Status::unavailable(format!("Kubernetes API unreachable: {}", error_chain(e.as_ref()))));
-            }
+            Err(e) => return Err(Status::unavailable(format!("Kubernetes API unreachable: {e}"))),
         };
         crate::metrics::api_server_latency(started.elapsed());
-        let result = connection.drive(respond(request, responder, response, body)).await;
-        if result.is_ok() {
-            self.connections.give_back(connection);
+        let mut batch = Batch::default();
+        batch.header(Default::default()).message(HttpFrame::response_head(response_head(&response)).to_bytes());
+        if response.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+            responder.send_batch(batch).await?;
+            return upgraded(request, responder, response).await.map(|()| Outcome::Ok);
         }
-        result
-    }
-}
-
-/// Passes the API server's response on (the request body still going the other way), or
-/// after a 101 the upgraded connection's bytes both ways.
-async fn respond(
-    request: &mut TunnelRequest,
-    responder: &Responder,
-    response: http::Response<Incoming>,
-    mut body: BodyPump,
-) -> Result<Outcome, Status> {
-    let mut batch = Batch::default();
-    batch.header(Default::default()).message(HttpFrame::response_head(response_head(&response)).to_bytes());
-    if response.status() == http::StatusCode::SWITCHING_PROTOCOLS {
-        responder.send_batch(batch).await?;
-        return upgraded(request, responder, response).await.map(|()| Outcome::Ok);
-    }
-    let mut response_body = response.into_body();
-    // Body read from the API server and not sent yet; the body's end was read.
-    let mut data = Bytes::new();
-    let mut ended = false;
-    loop {
-        // What the API server sent already goes out with what is waiting (the head, the
-        // trailer), at most one body message per write: a small response goes out whole, in
-        // one write. Bounded messages keep every hop's buffers bounded in bytes; within the
-        // response credit, a reader that stopped gets small ones.
-        let mut has_body = false;
+        let mut response_body = response.into_body();
+        // Body read from the API server and not sent yet; the body's end was read.
+        let mut data = Bytes::new();
+        let mut ended = false;
         loop {
-            if data.is_empty() && !ended {
-                match response_body.frame().now_or_never() {
-                    None => break,
-                    Some(None) => ended = true,
-                    Some(Some(frame)) => data = body_data(frame)?,
+            // What the API server sent already goes out with what is waiting (the head, the
+            // trailer), at most one body message per write: a small response goes out whole, in
+            // one write. Bounded messages keep every hop's buffers bounded in bytes; within the
+            // response credit, a reader that stopped gets small ones.
+            let mut has_body = false;
+            loop {
+                if data.is_empty() && !ended {
+                    match response_body.frame().now_or_never() {
+                        None => break,
+                        Some(None) => ended = true,
+                        Some(Some(frame)) => data = body_data(frame)?,
+                    }
+                    continue;
                 }
+                if data.is_empty() || has_body {
+                    break;
+                }
+                let Some(size) = responder.message_size_now(kas_proto::flow::MAX_CHUNK) else { break };
+                batch.message(HttpFrame::body(data.split_to(size.min(data.len()))).to_bytes());
+                has_body = true;
+            }
+            let done = ended && data.is_empty();
+            if done {
+                batch.trailer(Default::default());
+            }
+            if !batch.is_empty() {
+                responder.send_batch(std::mem::take(&mut batch)).await?;
+            }
+            if done {
+                return Ok(Outcome::Ok);
+            }
+            if !data.is_empty() {
+                // Only credit is missing.
+                tokio::select! {
+                    r = responder.wait_for_credit() => r?,
+                    () = responder.closed() => return Err(caller_gone()),
+                };
                 continue;
             }
-            if data.is_empty() || has_body {
-                break;
-            }
-            let Some(size) = responder.message_size_now(kas_proto::flow::MAX_CHUNK) else { break };
-            batch.message(HttpFrame::body(data.split_to(size.min(data.len()))).to_bytes());
-            has_body = true;
-        }
-        let done = ended && data.is_empty();
-        if done {
-            batch.trailer(Default::default());
-        }
-        if !batch.is_empty() {
-            responder.send_batch(std::mem::take(&mut batch)).await?;
-        }
-        if done {
-            return Ok(Outcome::Ok);
-        }
-        if !data.is_empty() {
-            // Only credit is missing.
-            tokio::select! {
-                r = responder.wait_for_credit() => r?,
+            let frame = tokio::select! {
+                f = response_body.frame() => f,
+                r = body.step(request) => {
+                    r?;
+                    continue;
+                }
                 () = responder.closed() => return Err(caller_gone()),
             };
-            continue;
-        }
-        let frame = tokio::select! {
-            f = response_body.frame() => f,
-            r = body.step(request) => {
-                r?;
-                continue;
+            match frame {
+                None => ended = true,
+                Some(frame) => data = body_data(frame)?,
             }
-            () = responder.closed() => return Err(caller_gone()),
-        };
-        match frame {
-            None => ended = true,
-            Some(frame) => data = body_data(frame)?,
         }
     }
 }
@@ -419,22 +421,6 @@ fn body_data(frame: Result<Frame<Bytes>, hyper::Error>) -> Result<Bytes, Status>
 
 fn caller_gone() -> Status {
     Status::cancelled("kas ended the tunnel: the caller went away")
-}
-
-/// An error with its causes, as "error: cause: cause".
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        // hyper and the connector repeat their cause in their own message at times.
-        if !out.ends_with(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        source = cause.source();
-    }
-    out
 }
 
 /// Whether the API server request failed because the TCP connect timed out (hyper-util's
@@ -575,19 +561,6 @@ async fn upgraded(
 impl super::Module for KubernetesApi {
     fn methods(&self) -> &'static [&'static str] {
         &[kas_proto::kubernetes_api::METHOD]
-    }
-
-    /// Closes idle API server connections that the server closed or that idled out (a
-    /// connection is driven only while an exchange uses it).
-    async fn run(self: Arc<Self>, _context: super::RunContext, shutdown: CancellationToken) {
-        let mut sweep = tokio::time::interval(connections::IDLE_TIMEOUT / 3);
-        sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => break,
-                _ = sweep.tick() => self.connections.sweep(),
-            }
-        }
     }
 
     async fn handle(&self, request: &mut TunnelRequest, responder: &Responder) {
