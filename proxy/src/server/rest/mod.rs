@@ -16,6 +16,7 @@
 
 pub mod config;
 pub mod problem;
+mod scope;
 pub mod serve;
 pub mod state;
 
@@ -27,17 +28,16 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::limit::RequestBodyLimitLayer;
-use tower_http::request_id::{MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer};
 use tower_http::timeout::TimeoutLayer;
-use tracing::Instrument;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_swagger_ui::SwaggerUi;
 
 use self::config::RestConfig;
+use self::problem::not_found;
 pub use self::problem::{OwnErrorFormat, PROBLEM_JSON, Problem};
-use self::problem::{REQUEST_ID, not_found, problem_for_bare_errors};
+use self::scope::RequestScopeLayer;
 pub use self::state::{RestState, RestStateParts, forwarded_metadata, path_text};
 use crate::modules::Module;
 
@@ -191,13 +191,9 @@ pub fn router(state: RestState, modules: &[Box<dyn Module>]) -> axum::Router {
         .merge(SwaggerUi::new(SWAGGER_UI_PATH).url(OPENAPI_PATH, spec))
         .fallback(not_found)
         .with_state(state)
-        // Innermost first: every bare error (404, 405, the body limit's 413, timeouts) becomes a
-        // problem inside the request's scope (so it carries its id); the id is set before and
-        // echoed after.
-        .layer(middleware::map_response(problem_for_bare_errors))
-        .layer(middleware::from_fn(request_scope))
-        .layer(PropagateRequestIdLayer::x_request_id())
-        .layer(SetRequestIdLayer::x_request_id(RandomRequestId));
+        // The request id, the request's span and task-local scope, and problem+json for every
+        // bare error (404, 405, the body limit's 413, timeouts), which so carries its id.
+        .layer(RequestScopeLayer);
     if let Some(cors) = cors_layer(&config) {
         app = app.layer(cors);
     }
@@ -237,43 +233,6 @@ async fn authenticate(State(state): State<RestState>, mut req: Request, next: Ne
     }
     req.headers_mut().remove(header::AUTHORIZATION);
     next.run(req).await
-}
-
-/// A random version 4 UUID for requests that come without an `x-request-id`, from the thread's
-/// RNG: tower-http's `MakeRequestUuid` asks the kernel (a `getrandom` call per request).
-#[derive(Clone, Copy)]
-struct RandomRequestId;
-
-impl MakeRequestId for RandomRequestId {
-    fn make_request_id<B>(&mut self, _: &http::Request<B>) -> Option<RequestId> {
-        http::HeaderValue::from_str(&uuid_v4(rand::random())).ok().map(RequestId::new)
-    }
-}
-
-/// `bits` as a version 4 (random) UUID: the version nibble and the RFC 4122 variant set.
-fn uuid_v4(bits: u128) -> String {
-    let bits = (bits & !(0xf << 76)) | (0x4 << 76);
-    let bits = (bits & !(0x3 << 62)) | (0x2 << 62);
-    format!(
-        "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
-        bits >> 96,
-        (bits >> 80) & 0xffff,
-        (bits >> 64) & 0xffff,
-        (bits >> 48) & 0xffff,
-        bits & 0xffff_ffff_ffff
-    )
-}
-
-/// Runs the request in a span (and task-local scope) carrying its request id.
-async fn request_scope(req: Request, next: Next) -> Response {
-    let id = req.headers().get(REQUEST_ID_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("-").to_owned();
-    let span = tracing::info_span!("rest", request_id = %id, method = %req.method(), path = %req.uri().path());
-    let started = std::time::Instant::now();
-    let response = REQUEST_ID.scope(id, next.run(req)).instrument(span.clone()).await;
-    span.in_scope(
-        || tracing::debug!(status = response.status().as_u16(), elapsed = ?started.elapsed(), "rest request"),
-    );
-    response
 }
 
 #[cfg(test)]

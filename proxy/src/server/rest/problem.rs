@@ -20,7 +20,7 @@ pub struct OwnErrorFormat;
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
 tokio::task_local! {
-    /// The request id of the request being served (set by [`request_scope`]).
+    /// The request id of the request being served (set by `scope::RequestScope`).
     pub(super) static REQUEST_ID: String;
 }
 

@@ -14,6 +14,7 @@ use crate::auth::JwtVerifier;
 use crate::error::KasError;
 use crate::router::Router;
 
+use super::problem::problem_for_bare_errors;
 use super::*;
 use crate::auth::jwt::{GITLAB_ISSUER, KAS_AUDIENCE, KAS_ISSUER};
 use crate::auth::{Secret, mint_jwt};
