@@ -3,23 +3,27 @@
 use std::collections::HashMap;
 
 use bytes::Bytes;
-use http::header::{CONNECTION, HeaderMap, HeaderName, HeaderValue, UPGRADE};
+use http::header::{
+    CONNECTION, HeaderMap, HeaderName, HeaderValue, PROXY_AUTHENTICATE, PROXY_AUTHORIZATION, TE, TRAILER,
+    TRANSFER_ENCODING, UPGRADE,
+};
 use prost::Message;
 
 use crate::kubernetes_api::{HeaderValues, HttpFrame, HttpRequestHead, HttpResponseHead, http_frame};
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1): they describe one connection and are never forwarded,
 /// except `Connection`/`Upgrade` of a protocol upgrade, which the proxy carries end to end.
-pub const HOP_BY_HOP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
+/// Parsed names: a lookup by `&str` parses the name each time (issue 14).
+pub static HOP_BY_HOP: [HeaderName; 9] = [
+    CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    PROXY_AUTHENTICATE,
+    PROXY_AUTHORIZATION,
+    HeaderName::from_static("proxy-connection"),
+    TE,
+    TRAILER,
+    TRANSFER_ENCODING,
+    UPGRADE,
 ];
 
 /// Whether the request asks for a protocol upgrade (WebSocket, SPDY).
@@ -47,11 +51,11 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     for name in named {
         headers.remove(name);
     }
-    for name in HOP_BY_HOP {
-        if keep_upgrade && (*name == "connection" || *name == "upgrade") {
+    for name in &HOP_BY_HOP {
+        if keep_upgrade && (name == CONNECTION || name == UPGRADE) {
             continue;
         }
-        headers.remove(*name);
+        headers.remove(name);
     }
     if keep_upgrade {
         if headers.contains_key(UPGRADE) {
@@ -173,7 +177,7 @@ mod proptests {
             proptest::sample::select(
                 HOP_BY_HOP
                     .iter()
-                    .copied()
+                    .map(HeaderName::as_str)
                     .chain(["accept", "x-private", "Connection", "UPGRADE", "Keep-Alive"])
                     .collect::<Vec<_>>()
             )
@@ -261,11 +265,11 @@ mod proptests {
             let upgrade_before = map.get_all(UPGRADE).iter().cloned().collect::<Vec<_>>();
             let _ = is_upgrade(&map);
             strip_hop_by_hop(&mut map, keep_upgrade);
-            for name in HOP_BY_HOP {
-                if keep_upgrade && (*name == "connection" || *name == "upgrade") {
+            for name in &HOP_BY_HOP {
+                if keep_upgrade && (name == CONNECTION || name == UPGRADE) {
                     continue;
                 }
-                prop_assert!(!map.contains_key(*name), "{name} survived: {map:?}");
+                prop_assert!(!map.contains_key(name), "{name} survived: {map:?}");
             }
             for name in named {
                 if !(keep_upgrade && (name == UPGRADE || name == CONNECTION)) {
