@@ -5,7 +5,8 @@
 //!
 //! One hand-written layer instead of four (tower-http's set and propagate request id, a
 //! `from_fn` scope and a `map_response`): each of those boxed a future or cloned the boxed route
-//! per request, ~6 % of kas's CPU on the Kubernetes API proxy path (issue 14).
+//! per request. The REST framework's share of kas's CPU on the Kubernetes API proxy path went
+//! from 15.0 % to 9.6 % (perf, issue 14).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -21,6 +22,9 @@ use tracing::Instrument;
 
 use super::REQUEST_ID_HEADER;
 use super::problem::{REQUEST_ID, problem_for_bare_errors};
+
+/// [`REQUEST_ID_HEADER`] as a header name, made once (not validated per request).
+const REQUEST_ID_NAME: HeaderName = HeaderName::from_static(REQUEST_ID_HEADER);
 
 /// See the module documentation.
 #[derive(Clone, Copy, Default)]
@@ -50,12 +54,11 @@ impl Service<Request> for RequestScope {
     }
 
     fn call(&mut self, mut request: Request) -> Self::Future {
-        let header = HeaderName::from_static(REQUEST_ID_HEADER);
-        let id = match request.headers().get(&header) {
+        let id = match request.headers().get(REQUEST_ID_NAME) {
             Some(id) => id.clone(),
             None => {
                 let id = random_request_id();
-                request.headers_mut().insert(header.clone(), id.clone());
+                request.headers_mut().insert(REQUEST_ID_NAME, id.clone());
                 id
             }
         };
@@ -77,7 +80,7 @@ impl Service<Request> for RequestScope {
             span.in_scope(
                 || tracing::debug!(status = response.status().as_u16(), elapsed = ?started.elapsed(), "rest request"),
             );
-            response.headers_mut().entry(header).or_insert(id);
+            response.headers_mut().entry(REQUEST_ID_NAME).or_insert(id);
             Ok(response)
         })
     }
