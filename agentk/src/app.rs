@@ -18,9 +18,10 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 use crate::backoff::Backoff;
 use crate::config::{AgentConfig, KubeSource};
+use crate::data_plane::DataPlane;
 pub use crate::error::AgentError;
 use crate::modules::{self, Module};
-use crate::pool::{self, PoolContext, PoolStats};
+use crate::pool::{self, IDLE_LINGER, PoolContext, PoolStats};
 pub use crate::status::Status;
 
 /// First reconnect delay ceiling, and the cap (full jitter below it). Public, with
@@ -36,8 +37,6 @@ pub const HEALTHY_AFTER: Duration = Duration::from_secs(30);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(3);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(3);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// After a connection ended, how long idle tunnels wait for kas to close them.
-const IDLE_LINGER: Duration = Duration::from_secs(2);
 
 /// Called with each configuration kas sends (e.g. to change the log level).
 pub type ConfigurationObserver = Arc<dyn Fn(&pb::AgentConfiguration) + Send + Sync>;
@@ -45,8 +44,11 @@ pub type ConfigurationObserver = Arc<dyn Fn(&pb::AgentConfiguration) + Send + Sy
 pub struct App {
     config: AgentConfig,
     token: Arc<str>,
-    /// One lazily connected channel per kas address, in `--kas-address` order.
+    /// One lazily connected channel per kas address, in `--kas-address` order (their
+    /// connections run on the data plane).
     channels: Arc<[(String, Channel)]>,
+    /// The tunnels' runtime: kas connections, the tunnel pool, the tunnels.
+    data_plane: DataPlane,
     modules: Arc<[Arc<dyn Module>]>,
     observer: Option<ConfigurationObserver>,
     connected: watch::Sender<Option<ConnectionId>>,
@@ -126,11 +128,16 @@ impl App {
         if token.is_empty() {
             return Err(AgentError::EmptyToken(config.token_file.display().to_string()));
         }
-        let channels = config
-            .kas_addresses()
-            .into_iter()
-            .map(|address| Ok((address.to_owned(), endpoint(&config, address)?.connect_lazy())))
-            .collect::<Result<Vec<_>, AgentError>>()?;
+        let data_plane = DataPlane::start().map_err(AgentError::DataPlane)?;
+        let channels = {
+            // A channel's connection task is spawned where it is created: on the data plane.
+            let _data_plane = data_plane.handle().enter();
+            config
+                .kas_addresses()
+                .into_iter()
+                .map(|address| Ok((address.to_owned(), endpoint(&config, address)?.connect_lazy())))
+                .collect::<Result<Vec<_>, AgentError>>()?
+        };
         let kube = kube_config(&config.kube).await?;
         let configuration = watch::channel(None).0;
         let gitops = watch::channel(crate::status::GitopsState::default()).0;
@@ -155,6 +162,7 @@ impl App {
             config,
             token: token.into(),
             channels: channels.into(),
+            data_plane,
             modules: modules.into(),
             observer: None,
             connected: watch::channel(None).0,
@@ -312,7 +320,7 @@ impl App {
         crate::metrics::connected();
         let stop_idle = shutdown.child_token();
         let stop_opening = CancellationToken::new();
-        let pool = tokio::spawn(pool::run(PoolContext {
+        let pool = self.data_plane.handle().spawn(pool::run(PoolContext {
             channel: channel.clone(),
             token: self.token.clone(),
             connection_id,

@@ -14,6 +14,8 @@ pub enum AgentError {
     KasAddress { address: String, message: String },
     #[error("Kubernetes client configuration: {0}")]
     Kube(String),
+    #[error("cannot start the tunnels' runtime thread: {0}")]
+    DataPlane(std::io::Error),
     #[error("cannot listen on --observability-address {address}: {source}")]
     ObservabilityBind { address: SocketAddr, source: std::io::Error },
 }

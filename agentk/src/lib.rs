@@ -3,6 +3,7 @@
 pub mod app;
 pub mod backoff;
 pub mod config;
+pub mod data_plane;
 pub mod error;
 pub mod metrics;
 pub mod modules;

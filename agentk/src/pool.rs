@@ -32,6 +32,8 @@ const IDLE_GROWTH_CAP: usize = 64;
 /// idle tunnels are closed by kas (`agent_connections.idle_tunnel_timeout`, only kas closes idle
 /// tunnels of a live connection); the pool then opens no more than the target.
 pub const DEFAULT_IDLE_QUIET_PERIOD: Duration = Duration::from_secs(30);
+/// After a connection ended, how long its idle tunnels wait for kas to close them.
+pub const IDLE_LINGER: Duration = Duration::from_secs(2);
 
 /// How many idle tunnels to keep. One tunnel carries one request at a time, so a burst of concurrent
 /// requests drains a small pool and each request then waits for a tunnel to open. The target
@@ -225,10 +227,26 @@ async fn open_and_serve(ctx: &PoolContext, shared: &Shared) -> Event {
         }
     };
     let mut exchanges = tunnel::start(inbound, outbound);
+    // Whether this tunnel has served a request: kas may then send it the next one at any time.
+    let mut served = false;
     loop {
-        let next = tokio::select! {
-            () = ctx.stop_idle.cancelled() => return Event::EndedIdle { failed: false },
-            next = exchanges.recv() => next,
+        let next = if served && ctx.stop_idle.is_cancelled() {
+            // Idle tunnels were let go while this one served a request. kas reuses a tunnel as
+            // soon as its exchange ended, and lets go of the connection's tunnels only a moment
+            // after it ended the connection, so a request may be on its way: this tunnel waits
+            // for kas to end it (or for that request), as idle tunnels did (issue 14: a request
+            // was lost this way under `agent_connections.max_age`).
+            match tokio::time::timeout(IDLE_LINGER, exchanges.recv()).await {
+                Ok(next) => next,
+                Err(_) => return Event::EndedIdle { failed: false },
+            }
+        } else {
+            tokio::select! {
+                // A request kas already sent is served rather than dropped.
+                biased;
+                next = exchanges.recv() => next,
+                () = ctx.stop_idle.cancelled() => return Event::EndedIdle { failed: false },
+            }
         };
         let (mut request, responder) = match next {
             Some(Ok(exchange)) => exchange,
@@ -240,6 +258,7 @@ async fn open_and_serve(ctx: &PoolContext, shared: &Shared) -> Event {
             }
         };
         took_request(&ctx.stats, shared);
+        served = true;
         tracing::debug!(
             request_id = kas_proto::metadata::request_id(&request.metadata).unwrap_or_default(),
             method = %request.method,

@@ -624,16 +624,18 @@ async fn run_paths(rounds: usize, report: &mut String) -> Result<(), Unavailable
         }
     }
 
-    // BENCH_HOLD_SECS=N: before measuring, N seconds of 16-connection load on each path, with
-    // its processes' pids on stderr (to attach `perf` to one phase, not a mix of them).
+    // BENCH_HOLD_SECS=N: before measuring, N seconds of 16-connection load (BENCH_HOLD_CONNS
+    // connections if set) on each path, with its processes' pids on stderr (to attach `perf` to
+    // one phase, not a mix of them).
     if let Some(hold) = std::env::var("BENCH_HOLD_SECS").ok().and_then(|s| s.parse::<u64>().ok()) {
+        let conns = std::env::var("BENCH_HOLD_CONNS").ok().and_then(|s| s.parse::<usize>().ok()).unwrap_or(CONCURRENCY);
         for t in &targets {
             let Ok(base) = &t.base else { continue };
             let pids: Vec<String> = t.procs.iter().map(|(role, p)| format!("{role}={}", p.pid)).collect();
             eprintln!("holding load on {}: {}", t.name, pids.join(" "));
             let until = Instant::now() + Duration::from_secs(hold);
             while Instant::now() < until {
-                small_gets(t, base, CONCURRENCY, REQUESTS_16).await;
+                small_gets(t, base, conns.max(1), REQUESTS_16).await;
             }
         }
         eprintln!("hold done");

@@ -1,0 +1,86 @@
+//! The tunnels' own runtime: one thread running a single-threaded tokio runtime that carries
+//! every kas connection (its HTTP/2 connection task), the tunnel pool, the tunnels and the
+//! requests they serve (the Kubernetes API proxy and its connections to the API server).
+//! Everything else (informers, GitOps, the presence stream's handling, observability) stays
+//! on the main multi-threaded runtime.
+//!
+//! Why (issue 14): a proxied request passes through several tasks (the kas connection, the
+//! tunnel, the API server connection). On a work-stealing runtime each hand-off between them
+//! may wake a parked worker thread on another core, a context switch (and, in a VM, an
+//! interrupt to another virtual CPU) that costs more than the work it hands over. On one
+//! thread the hand-offs are plain queue pushes. Measured with kas-bench (docs/benchmarks.md):
+//! agentk's context switches per request at one connection 3.8-4.6 -> 2.1 (the minimum: one
+//! wake-up per direction), its CPU per request -18 %, the p50 through kas -5 %. One core of
+//! agentk proxies far more requests than a Kubernetes API server answers, and heavy
+//! work elsewhere in agentk (decoding a large informer list, applying GitOps manifests) can no
+//! longer delay a proxied request, since it never runs on this thread.
+
+use std::io;
+
+use tokio::runtime::Handle;
+use tokio::sync::oneshot;
+
+/// The thread's name (as `ps -T` and profilers show it).
+pub const THREAD_NAME: &str = "agentk-tunnels";
+
+/// The runtime and its thread. Dropping it stops the thread: its tasks are dropped (tunnels
+/// end, requests in progress are cancelled), as when agentk exits.
+pub struct DataPlane {
+    handle: Handle,
+    stop: Option<oneshot::Sender<()>>,
+}
+
+impl DataPlane {
+    pub fn start() -> io::Result<Self> {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let handle = runtime.handle().clone();
+        let (stop, stopped) = oneshot::channel::<()>();
+        std::thread::Builder::new().name(THREAD_NAME.to_owned()).spawn(move || {
+            // Runs the spawned tasks until stopped (or the `DataPlane` is gone); dropping the
+            // runtime here, on its own thread, drops them.
+            runtime.block_on(async {
+                let _ = stopped.await;
+            });
+        })?;
+        Ok(Self { handle, stop: Some(stop) })
+    }
+
+    /// Where the tunnels' tasks go: `spawn` on it, or `enter` it while creating something
+    /// that spawns its own tasks (a tonic `Channel`).
+    pub fn handle(&self) -> &Handle {
+        &self.handle
+    }
+}
+
+impl Drop for DataPlane {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn tasks_run_on_the_named_thread_and_end_when_it_stops() {
+        let plane = DataPlane::start().unwrap();
+        let name = plane.handle().spawn(async { std::thread::current().name().map(str::to_owned) });
+        assert_eq!(name.await.unwrap().as_deref(), Some(THREAD_NAME));
+        // What a task spawned from a data-plane task (a tunnel from the pool) runs on too.
+        let nested = plane
+            .handle()
+            .spawn(async { tokio::spawn(async { std::thread::current().name().map(str::to_owned) }).await });
+        assert_eq!(nested.await.unwrap().unwrap().as_deref(), Some(THREAD_NAME));
+
+        let (_tx, rx) = oneshot::channel::<()>();
+        let forever = plane.handle().spawn(async move {
+            let _ = rx.await;
+        });
+        drop(plane);
+        let ended = tokio::time::timeout(std::time::Duration::from_secs(10), forever).await;
+        assert!(ended.expect("the task ended when the data plane stopped").unwrap_err().is_cancelled());
+    }
+}
