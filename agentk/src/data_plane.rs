@@ -1,6 +1,8 @@
 //! The tunnels' own runtime: one thread running a single-threaded tokio runtime that carries
-//! every kas connection (its HTTP/2 connection task), the tunnel pool, the tunnels and the
-//! requests they serve (the Kubernetes API proxy and its connections to the API server).
+//! every kas connection (its HTTP/2 connection task), the tunnel pool, the tunnels, the modules'
+//! handling of the requests they carry, and the Kubernetes API proxy's connections to the API
+//! server (opened from there). kube-rs clients built at start-up (GetPods) keep their own
+//! worker task on the main runtime.
 //! Everything else (informers, GitOps, the presence stream's handling, observability) stays
 //! on the main multi-threaded runtime.
 //!
@@ -32,16 +34,27 @@ pub struct DataPlane {
 
 impl DataPlane {
     pub fn start() -> io::Result<Self> {
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        let handle = runtime.handle().clone();
         let (stop, stopped) = oneshot::channel::<()>();
+        let (started, handle) = std::sync::mpsc::sync_channel(1);
+        // The runtime is built and dropped on its own thread only: dropping it on a runtime's
+        // thread (agentk starts from one) would panic.
         std::thread::Builder::new().name(THREAD_NAME.to_owned()).spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(runtime) => runtime,
+                Err(e) => {
+                    let _ = started.send(Err(e));
+                    return;
+                }
+            };
+            let _ = started.send(Ok(runtime.handle().clone()));
             // Runs the spawned tasks until stopped (or the `DataPlane` is gone); dropping the
-            // runtime here, on its own thread, drops them.
+            // runtime then drops them.
             runtime.block_on(async {
                 let _ = stopped.await;
             });
         })?;
+        // Waits for the thread to build its runtime: once, at start-up, for microseconds.
+        let handle = handle.recv().map_err(|_| io::Error::other("the tunnels' thread ended before it started"))??;
         Ok(Self { handle, stop: Some(stop) })
     }
 
