@@ -30,6 +30,7 @@ use crate::router::Router;
 use crate::router::peers::Peers;
 use crate::server::agent::AgentService;
 use crate::server::api::{ApiService, jwt_interceptor};
+use crate::server::data_plane::DataPlane;
 use crate::server::internal::InternalService;
 use crate::server::listen::{self, Acceptor, ConnectionLimits};
 use crate::server::rest::serve::HttpSettings;
@@ -74,6 +75,8 @@ pub enum AppError {
     TlsFile { listener: &'static str, path: String, source: std::io::Error },
     #[error("agent registry: {0}")]
     Registry(crate::registry::RegistryError),
+    #[error("cannot start the data plane threads: {0}")]
+    DataPlane(std::io::Error),
 }
 
 /// kas before binding: configuration plus optional injected dependencies.
@@ -386,6 +389,51 @@ fn spawn_server(
     tokio::spawn(async move { server.await.map_err(|source| AppError::Serve { listener, source }) })
 }
 
+/// A gRPC listener's incoming connections, one stream per thread (`listen::grpc_incoming`).
+type GrpcIncoming = tokio_stream::wrappers::ReceiverStream<std::io::Result<listen::GrpcIo>>;
+
+/// Serves a gRPC listener: one server per stream, each on its data plane thread (on kas's
+/// runtime when the data plane is disabled). The task ends when every server has ended, or
+/// with the first that failed; aborting it stops them all.
+fn spawn_grpc_server<F>(
+    listener: &'static str,
+    incoming: Vec<GrpcIncoming>,
+    data_plane: &DataPlane,
+    serve: impl Fn(GrpcIncoming) -> F,
+) -> JoinHandle<Result<(), AppError>>
+where
+    F: Future<Output = Result<(), tonic::transport::Error>> + Send + 'static,
+{
+    use futures::StreamExt;
+
+    let threads = data_plane.handles();
+    if threads.is_empty() {
+        // One stream: the listener's server on this runtime, as before the data plane.
+        let servers = futures::future::try_join_all(incoming.into_iter().map(serve));
+        return spawn_server(listener, async move { servers.await.map(drop) });
+    }
+    let mut servers: futures::stream::FuturesUnordered<_> = incoming
+        .into_iter()
+        .zip(threads)
+        .map(|(incoming, thread)| tokio_util::task::AbortOnDropHandle::new(thread.spawn(serve(incoming))))
+        .collect();
+    tokio::spawn(async move {
+        while let Some(ended) = servers.next().await {
+            match ended {
+                Ok(Ok(())) => {}
+                Ok(Err(source)) => return Err(AppError::Serve { listener, source }),
+                Err(join) => {
+                    return Err(AppError::ListenerStopped {
+                        listener,
+                        reason: format!("its server on a data plane thread failed: {join}"),
+                    });
+                }
+            }
+        }
+        Ok(())
+    })
+}
+
 impl Bound {
     pub fn addresses(&self) -> Addresses {
         self.addresses
@@ -418,6 +466,7 @@ impl Bound {
             tls,
         } = self;
         let tls_listeners = tls.listeners();
+        let data_plane = DataPlane::start(config.connections.data_plane_threads).map_err(AppError::DataPlane)?;
         // Stops the tunnel registry and maintenance after the external listeners drained.
         let background = CancellationToken::new();
         let tunnels = TunnelRegistry::spawn(background.clone(), config.agent_connections.idle_tunnel_timeout);
@@ -495,7 +544,7 @@ impl Bound {
             handshake_timeout: config.connections.handshake_timeout,
         };
         let incoming = |name: &'static str, l: TcpListener, tls: Option<tokio_rustls::TlsAcceptor>| {
-            listen::grpc_incoming(Acceptor::new(name, l, limits), tls, shutdown.clone())
+            listen::grpc_incoming(Acceptor::new(name, l, limits), tls, &data_plane, shutdown.clone())
         };
         let streams = config.connections.max_concurrent_streams;
         // A peer kas may forward up to its routing.max_concurrent_requests on one connection.
@@ -509,27 +558,23 @@ impl Bound {
         internal_services.add_service(
             KasInternalServer::new(InternalService { router: router.clone() }).max_decoding_message_size(max_message),
         );
-        let mut agent_task = spawn_server(
-            "agent",
-            flow_control(builder(streams), streams)
-                .http2_keepalive_interval(Some(AGENT_KEEPALIVE_INTERVAL))
-                .http2_keepalive_timeout(Some(AGENT_KEEPALIVE_TIMEOUT))
-                .add_routes(agent_services.routes())
-                .serve_with_incoming_shutdown(incoming("agent", agent, tls.agent), shutdown.clone().cancelled_owned()),
-        );
-        let mut api_task = spawn_server(
-            "api",
-            flow_control(builder(streams), streams)
-                .http2_keepalive_interval(Some(GRPC_KEEPALIVE_INTERVAL))
-                .http2_keepalive_timeout(Some(GRPC_KEEPALIVE_TIMEOUT))
-                .layer(InterceptorLayer::new(jwt_interceptor(
-                    JwtVerifier::gitlab(&gitlab_secret)
-                        .with_max_lifetime(config.auth.jwt_max_lifetime)
-                        .for_listener("api"),
-                )))
-                .add_routes(api_services.routes())
-                .serve_with_incoming_shutdown(incoming("api", api, tls.api), shutdown.clone().cancelled_owned()),
-        );
+        let agent_server = flow_control(builder(streams), streams)
+            .http2_keepalive_interval(Some(AGENT_KEEPALIVE_INTERVAL))
+            .http2_keepalive_timeout(Some(AGENT_KEEPALIVE_TIMEOUT))
+            .add_routes(agent_services.routes());
+        let mut agent_task = spawn_grpc_server("agent", incoming("agent", agent, tls.agent), &data_plane, |incoming| {
+            agent_server.clone().serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned())
+        });
+        let api_server = flow_control(builder(streams), streams)
+            .http2_keepalive_interval(Some(GRPC_KEEPALIVE_INTERVAL))
+            .http2_keepalive_timeout(Some(GRPC_KEEPALIVE_TIMEOUT))
+            .layer(InterceptorLayer::new(jwt_interceptor(
+                JwtVerifier::gitlab(&gitlab_secret).with_max_lifetime(config.auth.jwt_max_lifetime).for_listener("api"),
+            )))
+            .add_routes(api_services.routes());
+        let mut api_task = spawn_grpc_server("api", incoming("api", api, tls.api), &data_plane, |incoming| {
+            api_server.clone().serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned())
+        });
         let rest_state = RestState::new(rest::RestStateParts {
             router: router.clone(),
             verifier: JwtVerifier::gitlab(&gitlab_secret)
@@ -564,36 +609,39 @@ impl Bound {
                 shutdown: shutdown.clone(),
             }),
             http,
+            DataPlane::disabled(),
             stop_observability.clone(),
         ));
-        let rest_router = rest::router(rest_state, &modules);
+        // The routes other than the Kubernetes API proxy keep their handlers here, off the
+        // data plane.
+        let off_data_plane = data_plane.is_enabled().then(tokio::runtime::Handle::current);
+        let rest_router = rest::router(rest_state, &modules, off_data_plane);
+        let rest_data_plane = data_plane.clone();
         let mut rest_task = tokio::spawn(async move {
             crate::server::rest::serve::serve(
                 Acceptor::new("rest", rest, limits),
                 rest_tls,
                 rest_router,
                 http,
+                rest_data_plane,
                 rest_shutdown,
             )
             .await;
             Ok(())
         });
-        let mut internal_task = spawn_server(
-            "internal",
-            flow_control(builder(internal_streams), internal_streams)
-                .http2_keepalive_interval(Some(GRPC_KEEPALIVE_INTERVAL))
-                .http2_keepalive_timeout(Some(GRPC_KEEPALIVE_TIMEOUT))
-                .layer(InterceptorLayer::new(jwt_interceptor(
-                    JwtVerifier::internal(&internal_secret)
-                        .with_max_lifetime(config.auth.jwt_max_lifetime)
-                        .for_listener("internal"),
-                )))
-                .add_routes(internal_services.routes())
-                .serve_with_incoming_shutdown(
-                    incoming("internal", internal, tls.internal),
-                    shutdown.clone().cancelled_owned(),
-                ),
-        );
+        let internal_server = flow_control(builder(internal_streams), internal_streams)
+            .http2_keepalive_interval(Some(GRPC_KEEPALIVE_INTERVAL))
+            .http2_keepalive_timeout(Some(GRPC_KEEPALIVE_TIMEOUT))
+            .layer(InterceptorLayer::new(jwt_interceptor(
+                JwtVerifier::internal(&internal_secret)
+                    .with_max_lifetime(config.auth.jwt_max_lifetime)
+                    .for_listener("internal"),
+            )))
+            .add_routes(internal_services.routes());
+        let mut internal_task =
+            spawn_grpc_server("internal", incoming("internal", internal, tls.internal), &data_plane, |incoming| {
+                internal_server.clone().serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned())
+            });
         let maintenance =
             tokio::spawn(maintain_registry(registry.clone(), config.registry.clone(), background.clone()));
         tracing::info!(
@@ -640,6 +688,8 @@ impl Bound {
         }
         stop_observability.cancel();
         let _ = observability_task.await;
+        // Its threads stop here, with whatever connection was still open on them.
+        drop(data_plane);
         tracing::info!("kas stopped");
         early_outcome(early)
     }

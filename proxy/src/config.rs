@@ -266,7 +266,17 @@ pub struct ConnectionsConfig {
     /// HTTP/2 streams per connection on the agent, api and rest listeners (the internal
     /// listener allows at least routing.max_concurrent_requests).
     pub max_concurrent_streams: u32,
+    /// Threads that serve the connections of the agent, api, internal and rest listeners, each
+    /// connection on one of them (`server::data_plane`); 0 serves them on kas's multi-threaded
+    /// runtime, beside everything else.
+    pub data_plane_threads: usize,
 }
+
+/// One thread: the lowest CPU per proxied request (issue 14); more for more than a core of
+/// proxying per kas.
+pub const DEFAULT_DATA_PLANE_THREADS: usize = 1;
+/// More threads than this is a mistake (a thread per core is the most that helps).
+pub const MAX_DATA_PLANE_THREADS: usize = 256;
 
 impl Default for ConnectionsConfig {
     fn default() -> Self {
@@ -274,6 +284,7 @@ impl Default for ConnectionsConfig {
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
             max_per_listener: None,
             max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
+            data_plane_threads: DEFAULT_DATA_PLANE_THREADS,
         }
     }
 }
@@ -543,6 +554,12 @@ impl Config {
                 return Err(ConfigError::Invalid { key, message: "must be at least 1".into() });
             }
         }
+        if self.connections.data_plane_threads > MAX_DATA_PLANE_THREADS {
+            return Err(ConfigError::Invalid {
+                key: "connections.data_plane_threads",
+                message: format!("must be at most {MAX_DATA_PLANE_THREADS} (0 serves connections on kas's runtime)"),
+            });
+        }
         if self.auth.jwt_max_lifetime < crate::auth::jwt::MIN_JWT_MAX_LIFETIME {
             return Err(ConfigError::Invalid {
                 key: "auth.jwt_max_lifetime",
@@ -761,6 +778,13 @@ mod tests {
         assert_eq!(c.gitlab.caller_cache.error_ttl, crate::auth::gitlab::config::DEFAULT_CALLER_CACHE_ERROR_TTL);
         let e = Config::parse("gitlab:\n  caller_cache:\n    tll: 30s\n").unwrap_err();
         assert!(e.contains("unknown field `tll`"), "{e}");
+        let mut c = Config::parse(example()).unwrap();
+        assert_eq!(c.connections.data_plane_threads, DEFAULT_DATA_PLANE_THREADS);
+        c.connections.data_plane_threads = MAX_DATA_PLANE_THREADS + 1;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("connections.data_plane_threads") && e.contains("at most 256"), "{e}");
+        c.connections.data_plane_threads = 0;
+        c.validate().unwrap();
     }
 
     /// Found by `proptests::arbitrary_durations`: `300000000000y` parses (it fits a u64 of

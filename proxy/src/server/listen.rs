@@ -16,6 +16,8 @@ use tokio::time::{Instant, Sleep};
 use tokio_util::either::Either;
 use tokio_util::sync::CancellationToken;
 
+use crate::server::data_plane::DataPlane;
+
 /// After accept() fails with anything but a per-connection error (EMFILE, ENFILE, ENOBUFS),
 /// retrying at once would spin: wait this long first.
 pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
@@ -99,7 +101,7 @@ pub struct ConnectionLimits {
 
 /// A listener's accept loop state: its connection slots and what has been logged.
 pub struct Acceptor {
-    name: &'static str,
+    pub(crate) name: &'static str,
     listener: TcpListener,
     slots: Arc<Semaphore>,
     limits: ConnectionLimits,
@@ -192,52 +194,127 @@ pub type GrpcIo = Guarded<Either<TcpStream, tokio_rustls::server::TlsStream<TcpS
 /// capped, TLS (when configured) bounded by the handshake deadline, each connection closed if it
 /// sends no complete HTTP/2 preface and first frame in time. Accepting stops (the listening
 /// socket closes, new connections are refused) when `shutdown` is cancelled.
+///
+/// One stream per data plane thread, each to be served on its thread (one stream, served on
+/// the current runtime, when the data plane is disabled): the accept loop hands connections to
+/// the threads in turn, and each connection's socket is moved to its thread's runtime before
+/// its TLS handshake (`data_plane::spawn_with_socket`).
 pub fn grpc_incoming(
     mut acceptor: Acceptor,
     tls: Option<tokio_rustls::TlsAcceptor>,
+    data_plane: &DataPlane,
     shutdown: CancellationToken,
-) -> tokio_stream::wrappers::ReceiverStream<io::Result<GrpcIo>> {
-    let (tx, rx) = tokio::sync::mpsc::channel(64);
+) -> Vec<tokio_stream::wrappers::ReceiverStream<io::Result<GrpcIo>>> {
+    let threads: Vec<Option<tokio::runtime::Handle>> =
+        if data_plane.is_enabled() { data_plane.handles().iter().cloned().map(Some).collect() } else { vec![None] };
+    let (queues, streams): (Vec<_>, Vec<_>) = threads
+        .iter()
+        .map(|_| {
+            let (tx, rx) = tokio::sync::mpsc::channel(64);
+            (tx, tokio_stream::wrappers::ReceiverStream::new(rx))
+        })
+        .unzip();
     tokio::spawn(async move {
+        let mut next = 0usize;
         loop {
             // Shutdown first: once it is cancelled no connection is accepted, even one already
             // waiting (tonic no longer takes them, so it would be left open, not refused).
             let accepted = tokio::select! {
                 biased;
                 () = shutdown.cancelled() => break,
-                () = tx.closed() => break,
+                () = all_closed(&queues) => break,
                 a = acceptor.accept() => a,
             };
-            let Accepted { tcp, permit, deadline } = accepted;
-            let connect_info = tonic::transport::server::TcpConnectInfo {
-                local_addr: tcp.local_addr().ok(),
-                remote_addr: tcp.peer_addr().ok(),
+            // The next thread whose server still takes connections.
+            let Some(i) = (0..queues.len()).map(|k| (next + k) % queues.len()).find(|&i| !queues[i].is_closed()) else {
+                break;
             };
-            match &tls {
-                None => {
-                    let io = Guarded::new(Either::Left(tcp), permit, deadline, connect_info);
-                    if tx.send(Ok(io)).await.is_err() {
-                        break;
-                    }
-                }
-                Some(tls) => {
-                    let (tls, tx, name) = (tls.clone(), tx.clone(), acceptor.name);
-                    tokio::spawn(async move {
-                        match tokio::time::timeout_at(deadline, tls.accept(tcp)).await {
-                            Ok(Ok(stream)) => {
-                                let io = Guarded::new(Either::Right(stream), permit, deadline, connect_info);
-                                let _ = tx.send(Ok(io)).await;
-                            }
-                            Ok(Err(e)) => tracing::debug!(listener = name, error = %e, "TLS handshake failed"),
-                            Err(_) => tracing::debug!(listener = name, "TLS handshake timed out"),
-                        }
+            next = i + 1;
+            let (tx, thread, tls, name) = (queues[i].clone(), threads[i].clone(), tls.clone(), acceptor.name);
+            match thread {
+                None => serve_accepted(accepted, tls, tx, name).await,
+                Some(thread) => {
+                    let Accepted { tcp, permit, deadline } = accepted;
+                    crate::server::data_plane::spawn_with_socket(&thread, tcp, move |tcp| {
+                        serve_accepted(Accepted { tcp, permit, deadline }, tls, tx, name)
                     });
                 }
             }
         }
         // `acceptor` (the listening socket) is dropped here: new connections are refused.
     });
-    tokio_stream::wrappers::ReceiverStream::new(rx)
+    streams
+}
+
+/// Resolves once every server stopped taking connections.
+async fn all_closed(queues: &[tokio::sync::mpsc::Sender<io::Result<GrpcIo>>]) {
+    for queue in queues {
+        queue.closed().await;
+    }
+}
+
+/// Hands an accepted connection to its server: plaintext at once; TLS after its handshake, in a
+/// task of its own (on the current runtime) bounded by the connection's deadline.
+async fn serve_accepted(
+    accepted: Accepted,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    tx: tokio::sync::mpsc::Sender<io::Result<GrpcIo>>,
+    name: &'static str,
+) {
+    let Accepted { tcp, permit, deadline } = accepted;
+    let connect_info = tonic::transport::server::TcpConnectInfo {
+        local_addr: tcp.local_addr().ok(),
+        remote_addr: tcp.peer_addr().ok(),
+    };
+    match tls {
+        None => {
+            let io = Guarded::new(Either::Left(tcp), permit, deadline, connect_info);
+            let _ = tx.send(Ok(io)).await;
+        }
+        Some(tls) => {
+            tokio::spawn(async move {
+                if let Some(stream) = tls_handshake(&tls, tcp, deadline, name).await {
+                    let io = Guarded::new(Either::Right(stream), permit, deadline, connect_info);
+                    let _ = tx.send(Ok(io)).await;
+                }
+            });
+        }
+    }
+}
+
+/// How long a connection whose TLS handshake failed is read (and its bytes dropped) after kas
+/// sent its alert and closed its side.
+const FAILED_HANDSHAKE_LINGER: Duration = Duration::from_secs(1);
+
+/// A server-side TLS handshake, bounded by the connection's deadline. When it fails, rustls's
+/// alert (e.g. `CertificateRequired`) is followed by kas closing its side, and what the client
+/// sends meanwhile is read and dropped for a moment: closing a socket with unread bytes resets
+/// the connection, and a TLS 1.3 client (its side of the handshake done, its request already
+/// sent) then sees "connection reset" instead of the alert that says what was wrong.
+pub async fn tls_handshake(
+    tls: &tokio_rustls::TlsAcceptor,
+    tcp: TcpStream,
+    deadline: Instant,
+    listener: &'static str,
+) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
+    match tokio::time::timeout_at(deadline, tls.accept(tcp).into_fallible()).await {
+        Ok(Ok(stream)) => Some(stream),
+        Ok(Err((e, mut tcp))) => {
+            tracing::debug!(listener, error = %e, "TLS handshake failed");
+            let _ = tokio::time::timeout(FAILED_HANDSHAKE_LINGER, async {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let _ = tcp.shutdown().await;
+                let mut sink = [0u8; 4096];
+                while tcp.read(&mut sink).await.is_ok_and(|n| n > 0) {}
+            })
+            .await;
+            None
+        }
+        Err(_) => {
+            tracing::debug!(listener, "TLS handshake timed out");
+            None
+        }
+    }
 }
 
 /// How far the peer got through the HTTP/2 connection preface.

@@ -3,6 +3,7 @@
 pub mod admission;
 pub mod agent;
 pub mod api;
+pub mod data_plane;
 pub mod internal;
 pub mod listen;
 pub mod observability;

@@ -171,8 +171,14 @@ pub fn openapi_json() -> String {
 }
 
 /// The rest listener's whole service: the features' routes, auth, limits, request ids, CORS,
-/// problem errors.
-pub fn router(state: RestState, modules: &[Box<dyn Module>]) -> axum::Router {
+/// problem errors. With `off_data_plane` (kas's multi-threaded runtime, when connections are
+/// served on the data plane), the routes other than the self-authenticated ones (the
+/// Kubernetes API proxy) run their handlers there ([`scope::run_on`]).
+pub fn router(
+    state: RestState,
+    modules: &[Box<dyn Module>],
+    off_data_plane: Option<tokio::runtime::Handle>,
+) -> axum::Router {
     let config = state.config.clone();
     let routes = feature_routes(modules);
     let (json, json_doc) = routes.json.split_for_parts();
@@ -184,7 +190,10 @@ pub fn router(state: RestState, modules: &[Box<dyn Module>]) -> axum::Router {
         .layer(TimeoutLayer::with_status_code(StatusCode::GATEWAY_TIMEOUT, config.request_timeout));
     // Streaming routes (watches, logs, exec) run outside the timeout and bound bodies themselves.
     let authenticated = json.merge(streaming);
-    let authenticated = authenticated.route_layer(middleware::from_fn_with_state(state.clone(), authenticate));
+    let mut authenticated = authenticated.route_layer(middleware::from_fn_with_state(state.clone(), authenticate));
+    if let Some(runtime) = off_data_plane {
+        authenticated = authenticated.layer(tower::layer::layer_fn(move |route| scope::run_on(runtime.clone(), route)));
+    }
     let mut app = axum::Router::new()
         .merge(authenticated)
         .merge(self_authenticated)

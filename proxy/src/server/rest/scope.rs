@@ -86,6 +86,54 @@ impl Service<Request> for RequestScope {
     }
 }
 
+/// Runs each request's handler on `runtime` (kas's multi-threaded runtime) and hands the
+/// response back: the rest routes whose work must not hold a data plane thread
+/// (`server::data_plane`). The request's scope goes with it (its task-local id, which
+/// problem+json bodies carry, and its log span). A handler that panics answers 500 (problem+json,
+/// by the scope layer), as it would on the data plane.
+pub fn run_on<S>(runtime: tokio::runtime::Handle, service: S) -> RunOn<S> {
+    RunOn { runtime, service }
+}
+
+/// See [`run_on`].
+#[derive(Clone)]
+pub struct RunOn<S> {
+    runtime: tokio::runtime::Handle,
+    service: S,
+}
+
+impl<S> Service<Request> for RunOn<S>
+where
+    S: Service<Request, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.service.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        // The ready service is taken and a fresh clone left for the next call (tower's rule).
+        let clone = self.service.clone();
+        let mut service = std::mem::replace(&mut self.service, clone);
+        let id = REQUEST_ID.try_with(Clone::clone).unwrap_or_default();
+        let handled = REQUEST_ID.scope(id, service.call(request)).instrument(tracing::Span::current());
+        let task = self.runtime.spawn(handled);
+        Box::pin(async move {
+            match task.await {
+                Ok(result) => result,
+                Err(e) => {
+                    tracing::error!(error = %e, "a rest handler failed");
+                    Ok(axum::response::IntoResponse::into_response(http::StatusCode::INTERNAL_SERVER_ERROR))
+                }
+            }
+        })
+    }
+}
+
 /// A random version 4 UUID, from the thread's RNG (tower-http's `MakeRequestUuid` asks the
 /// kernel: a `getrandom` call per request), written without an intermediate `String`.
 fn random_request_id() -> HeaderValue {
@@ -115,6 +163,32 @@ fn uuid_v4(bits: u128) -> [u8; 36] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn thread_name() -> String {
+        std::thread::current().name().unwrap_or_default().to_owned()
+    }
+
+    #[tokio::test]
+    async fn run_on_runs_the_handler_on_the_given_runtime_in_the_request_scope() {
+        let plane = crate::server::data_plane::DataPlane::start(1).unwrap();
+        let main = tokio::runtime::Handle::current();
+        let handler = tower::service_fn(|_request: Request| async {
+            let id = REQUEST_ID.try_with(Clone::clone).unwrap_or_default();
+            Ok::<_, Infallible>(axum::response::IntoResponse::into_response(format!("{}|{id}", thread_name())))
+        });
+        // Called on a data plane thread in a request's scope, answered on this test's runtime.
+        let (body, called_on) = plane
+            .spawn(REQUEST_ID.scope("req-7".to_owned(), async move {
+                let response = tower::ServiceExt::oneshot(run_on(main, handler), Request::default()).await.unwrap();
+                let body = axum::body::to_bytes(response.into_body(), 1024).await.unwrap();
+                (String::from_utf8(body.to_vec()).unwrap(), thread_name())
+            }))
+            .await
+            .unwrap();
+        assert_eq!(called_on, "kas-data-0");
+        assert_eq!(body, format!("{}|req-7", thread_name()));
+        assert_ne!(thread_name(), "kas-data-0");
+    }
 
     #[test]
     fn uuid_v4_sets_the_version_and_the_variant() {

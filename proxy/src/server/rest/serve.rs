@@ -16,6 +16,7 @@ use tokio_util::either::Either;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
+use crate::server::data_plane::DataPlane;
 use crate::server::listen::{Accepted, Acceptor, Guarded};
 
 /// How far the bytes a caller's HTTP/1.1 connection has written to its socket run behind what a
@@ -165,6 +166,7 @@ pub async fn serve(
     tls: Option<TlsAcceptor>,
     app: axum::Router,
     settings: HttpSettings,
+    data_plane: DataPlane,
     shutdown: CancellationToken,
 ) {
     let mut acceptor = acceptor;
@@ -210,18 +212,12 @@ pub async fn serve(
         let builder = builder.clone();
         let tls = tls.clone();
         let watcher = graceful.watcher();
-        tokio::spawn(async move {
+        let name = acceptor.name;
+        data_plane.spawn_connection(tcp, move |tcp| async move {
             let io = match tls {
-                Some(acceptor) => match tokio::time::timeout_at(deadline, acceptor.accept(tcp)).await {
-                    Ok(Ok(stream)) => Either::Right(stream),
-                    Ok(Err(e)) => {
-                        tracing::debug!(error = %e, "TLS handshake failed");
-                        return;
-                    }
-                    Err(_) => {
-                        tracing::debug!("TLS handshake timed out");
-                        return;
-                    }
+                Some(acceptor) => match crate::server::listen::tls_handshake(&acceptor, tcp, deadline, name).await {
+                    Some(stream) => Either::Right(stream),
+                    None => return,
                 },
                 None => Either::Left(tcp),
             };

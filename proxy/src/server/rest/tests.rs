@@ -58,7 +58,7 @@ fn fixture_with(config: RestConfig, max_wait: Duration) -> Fixture {
         gitops: gitops_state(registry.clone()),
         cluster_state: cluster_state.clone(),
     });
-    let app = router(state, &crate::modules::all());
+    let app = router(state, &crate::modules::all(), None);
     Fixture { app, secret, registry, cluster_state, _stop: stop.drop_guard() }
 }
 
