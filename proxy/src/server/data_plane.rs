@@ -10,7 +10,7 @@
 //! task and lock all its streams share. On a work-stealing runtime each request touched them
 //! from whichever worker ran its caller's connection: the lock was contended (a third of kas's
 //! futex calls) and tasks woke workers on the other core (another third). On one data plane
-//! thread kas used ~30 % less CPU per proxied request, with a p50 ~20 % lower
+//! thread kas used ~35 % less CPU per proxied request, with a p50 ~23 % lower
 //! (docs/benchmarks.md, issue 14's sixth part). With more than one thread, connections are
 //! spread over them in turn: a request whose caller's connection and agent's connection are on
 //! different threads crosses between them, as on the multi-threaded runtime (more capacity, no
