@@ -89,8 +89,10 @@ impl Service<Request> for RequestScope {
 /// Runs each request's handler on `runtime` (kas's multi-threaded runtime) and hands the
 /// response back: the rest routes whose work must not hold a data plane thread
 /// (`server::data_plane`). The request's scope goes with it (its task-local id, which
-/// problem+json bodies carry, and its log span). A handler that panics answers 500 (problem+json,
-/// by the scope layer), as it would on the data plane.
+/// problem+json bodies carry, and its log span). A streamed body (Server-Sent Events, whose
+/// first event may be a whole cluster's state) is produced there too and handed over one frame
+/// at a time. A handler that panics answers 500 (problem+json, by the scope layer), as it would
+/// on the data plane; a request whose caller goes away cancels its handler, as before.
 pub fn run_on<S>(runtime: tokio::runtime::Handle, service: S) -> RunOn<S> {
     RunOn { runtime, service }
 }
@@ -121,7 +123,9 @@ where
         let mut service = std::mem::replace(&mut self.service, clone);
         let id = REQUEST_ID.try_with(Clone::clone).unwrap_or_default();
         let handled = REQUEST_ID.scope(id, service.call(request)).instrument(tracing::Span::current());
-        let task = self.runtime.spawn(handled);
+        let task = tokio_util::task::AbortOnDropHandle::new(
+            self.runtime.spawn(async move { handled.await.map(body_produced_here) }),
+        );
         Box::pin(async move {
             match task.await {
                 Ok(result) => result,
@@ -132,6 +136,34 @@ where
             }
         })
     }
+}
+
+/// `response` with a streamed body read by a task on the current runtime and handed over one
+/// frame at a time (one in hand: the caller's pace still sets the stream's). A body of known
+/// length is already encoded and stays as it is. The task ends when the body ends or the
+/// caller's side is dropped.
+fn body_produced_here(response: Response) -> Response {
+    use http_body_util::BodyExt;
+
+    let (parts, mut body) = response.into_parts();
+    if axum::body::HttpBody::size_hint(&body).exact().is_some() {
+        return Response::from_parts(parts, body);
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<hyper::body::Frame<bytes::Bytes>, axum::Error>>(1);
+    tokio::spawn(async move {
+        loop {
+            let frame = tokio::select! {
+                () = tx.closed() => return,
+                frame = body.frame() => frame,
+            };
+            let Some(frame) = frame else { return };
+            if tx.send(frame).await.is_err() {
+                return;
+            }
+        }
+    });
+    let frames = http_body_util::StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    Response::from_parts(parts, axum::body::Body::new(frames))
 }
 
 /// A random version 4 UUID, from the thread's RNG (tower-http's `MakeRequestUuid` asks the
@@ -162,6 +194,8 @@ fn uuid_v4(bits: u128) -> [u8; 36] {
 
 #[cfg(test)]
 mod tests {
+    use futures::StreamExt;
+
     use super::*;
 
     fn thread_name() -> String {
@@ -188,6 +222,27 @@ mod tests {
         assert_eq!(called_on, "kas-data-0");
         assert_eq!(body, format!("{}|req-7", thread_name()));
         assert_ne!(thread_name(), "kas-data-0");
+    }
+
+    #[tokio::test]
+    async fn run_on_produces_a_streamed_body_on_the_given_runtime() {
+        let plane = crate::server::data_plane::DataPlane::start(1).unwrap();
+        let main = tokio::runtime::Handle::current();
+        // Each chunk says where it was produced (a stream of unknown length, like SSE).
+        let handler = tower::service_fn(|_request: Request| async {
+            let chunks = futures::stream::iter(0..3)
+                .then(|_| async { Ok::<_, Infallible>(bytes::Bytes::from(format!("{};", thread_name()))) });
+            Ok::<_, Infallible>(Response::new(axum::body::Body::from_stream(chunks)))
+        });
+        let body = plane
+            .spawn(async move {
+                let response = tower::ServiceExt::oneshot(run_on(main, handler), Request::default()).await.unwrap();
+                axum::body::to_bytes(response.into_body(), 1024).await.unwrap()
+            })
+            .await
+            .unwrap();
+        let here = thread_name();
+        assert_eq!(String::from_utf8(body.to_vec()).unwrap(), format!("{here};{here};{here};"));
     }
 
     #[test]
