@@ -10,7 +10,8 @@ pub struct CapturedLogs(Arc<Mutex<Vec<u8>>>);
 
 impl CapturedLogs {
     /// Captures INFO and above, as text, from everything running on this thread
-    /// (`#[tokio::test]` runs the whole cluster on it) while the guard lives.
+    /// (`#[tokio::test]` runs the whole cluster on it, and kas's data plane threads, started
+    /// from it, log here too) while the guard lives.
     pub fn on_this_thread() -> (Self, tracing::subscriber::DefaultGuard) {
         let logs = Self::default();
         let subscriber = tracing_subscriber::fmt()

@@ -51,12 +51,17 @@ impl DataPlane {
         }
         let mut handles = Vec::with_capacity(threads);
         let mut stops = Vec::with_capacity(threads);
+        // The threads log where the thread that starts them does (the global subscriber, or a
+        // test's own on its thread).
+        let logs = tracing::dispatcher::get_default(Clone::clone);
         for i in 0..threads {
             let (stop, stopped) = oneshot::channel::<()>();
             let (started, handle) = std::sync::mpsc::sync_channel(1);
+            let logs = logs.clone();
             // The runtime is built and dropped on its own thread only: dropping a runtime on
             // another runtime's thread (kas starts from one) panics.
             std::thread::Builder::new().name(format!("{THREAD_NAME}-{i}")).spawn(move || {
+                let _logs = tracing::dispatcher::set_default(&logs);
                 let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                     Ok(runtime) => runtime,
                     Err(e) => {

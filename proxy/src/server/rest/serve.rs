@@ -92,10 +92,21 @@ impl WriteProgress {
     }
 }
 
-/// A connection's IO, counting what reaches the socket into [`WriteProgress`].
+/// How long a connection kas closes is still read (and the bytes dropped) after kas's side was
+/// shut down, at most.
+const CLOSE_LINGER: Duration = Duration::from_secs(2);
+
+/// A connection's IO, counting what reaches the socket into [`WriteProgress`], and closing with a
+/// linger: kas may answer before it read the request (413 for a body over the limit, 401) and
+/// then close, and a socket closed with unread bytes resets the connection, so the client gets
+/// "broken pipe" or "connection reset" while still sending, never the answer. After shutting
+/// down its side, kas reads and drops what the client still sends until the client closes too,
+/// for at most [`CLOSE_LINGER`] (nginx's lingering close).
 struct Counted<T> {
     io: T,
     progress: WriteProgress,
+    /// Set once kas's side is shut down: the end of the linger.
+    linger: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Counted<T> {
@@ -108,7 +119,7 @@ impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Counted<T> {
     }
 }
 
-impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Counted<T> {
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Counted<T> {
     fn poll_write(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
@@ -148,7 +159,27 @@ impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Counted<T> {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+        use std::task::Poll;
+
+        let this = &mut *self;
+        if this.linger.is_none() {
+            std::task::ready!(std::pin::Pin::new(&mut this.io).poll_shutdown(cx))?;
+            this.linger = Some(Box::pin(tokio::time::sleep(CLOSE_LINGER)));
+        }
+        let mut sink = [0u8; 4096];
+        loop {
+            if this.linger.as_mut().is_some_and(|l| std::future::Future::poll(l.as_mut(), cx).is_ready()) {
+                return Poll::Ready(Ok(()));
+            }
+            let mut buf = tokio::io::ReadBuf::new(&mut sink);
+            match tokio::io::AsyncRead::poll_read(std::pin::Pin::new(&mut this.io), cx, &mut buf) {
+                // The client closed (or the connection broke): nothing more can reset it.
+                Poll::Ready(Ok(())) if buf.filled().is_empty() => return Poll::Ready(Ok(())),
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(_)) => return Poll::Ready(Ok(())),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
     }
 }
 
@@ -221,7 +252,7 @@ pub async fn serve(
                 },
                 None => Either::Left(tcp),
             };
-            let io = Counted { io: Guarded::new(io, permit, deadline, connect_info), progress };
+            let io = Counted { io: Guarded::new(io, permit, deadline, connect_info), progress, linger: None };
             let result =
                 watcher.watch(builder.serve_connection_with_upgrades(TokioIo::new(io), service).into_owned()).await;
             if let Err(e) = result {
