@@ -352,6 +352,15 @@ impl GitRepo {
         git_sync(work, &["rev-parse", "HEAD"]).trim().to_owned()
     }
 
+    /// Writes `content` at `path` in the work tree and stages it, without committing: the next
+    /// [`GitRepo::commit`] carries it too (one commit changing several files).
+    pub fn stage(&self, path: &str, content: &[u8]) {
+        let file = self.work.path().join(path);
+        std::fs::create_dir_all(file.parent().unwrap()).expect("create dirs");
+        std::fs::write(&file, content).expect("write file");
+        git_sync(self.work.path(), &["add", "--", path]);
+    }
+
     /// Removes `path` from the work tree in a new commit pushed to `main`; returns its id.
     pub fn remove(&self, path: &str) -> String {
         let work = self.work.path();

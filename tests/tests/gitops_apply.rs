@@ -803,7 +803,9 @@ async fn a_broken_file_applies_nothing_names_file_and_line_and_the_last_good_sta
     let a = start_agentk(&c, Duration::from_secs(300)).await;
     report(&a, "for the good commit", |r| r.commit_id == good).await;
 
-    repo.commit("deploy/app.yaml", b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: app}\ndata: {v: two}\n");
+    // One commit changes the good file and adds a broken one (two commits would let kas, which
+    // polls on its own thread, see and apply the first).
+    repo.stage("deploy/app.yaml", b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: app}\ndata: {v: two}\n");
     let broken = repo.commit("deploy/broken.yaml", b"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: [unclosed\n");
     let r = report(&a, "of the broken commit", |r| r.error.contains(&broken)).await;
     assert!(r.error.contains("deploy/broken.yaml") && r.error.contains("line 4"), "{r:?}");
