@@ -19,8 +19,8 @@
 
 use std::io;
 
+use kas_proto::runtime_thread::RuntimeThread;
 use tokio::runtime::Handle;
-use tokio::sync::oneshot;
 
 /// The thread's name (as `ps -T` and profilers show it).
 pub const THREAD_NAME: &str = "agentk-tunnels";
@@ -28,53 +28,25 @@ pub const THREAD_NAME: &str = "agentk-tunnels";
 /// The runtime and its thread. Dropping it stops the thread: its tasks are dropped (tunnels
 /// end, requests in progress are cancelled), as when agentk exits.
 pub struct DataPlane {
-    handle: Handle,
-    stop: Option<oneshot::Sender<()>>,
+    thread: RuntimeThread,
 }
 
 impl DataPlane {
     pub fn start() -> io::Result<Self> {
-        let (stop, stopped) = oneshot::channel::<()>();
-        let (started, handle) = std::sync::mpsc::sync_channel(1);
-        // The runtime is built and dropped on its own thread only: dropping it on a runtime's
-        // thread (agentk starts from one) would panic.
-        std::thread::Builder::new().name(THREAD_NAME.to_owned()).spawn(move || {
-            let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                Ok(runtime) => runtime,
-                Err(e) => {
-                    let _ = started.send(Err(e));
-                    return;
-                }
-            };
-            let _ = started.send(Ok(runtime.handle().clone()));
-            // Runs the spawned tasks until stopped (or the `DataPlane` is gone); dropping the
-            // runtime then drops them.
-            runtime.block_on(async {
-                let _ = stopped.await;
-            });
-        })?;
-        // Waits for the thread to build its runtime: once, at start-up, for microseconds.
-        let handle = handle.recv().map_err(|_| io::Error::other("the tunnels' thread ended before it started"))??;
-        Ok(Self { handle, stop: Some(stop) })
+        Ok(Self { thread: RuntimeThread::start(THREAD_NAME.to_owned())? })
     }
 
     /// Where the tunnels' tasks go: `spawn` on it, or `enter` it while creating something
     /// that spawns its own tasks (a tonic `Channel`).
     pub fn handle(&self) -> &Handle {
-        &self.handle
-    }
-}
-
-impl Drop for DataPlane {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
+        self.thread.handle()
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use tokio::sync::oneshot;
+
     use super::*;
 
     #[tokio::test]

@@ -12,6 +12,7 @@ pub mod flow;
 pub mod ids;
 pub mod impersonation;
 pub mod metadata;
+pub mod runtime_thread;
 pub mod tunnel;
 
 /// Generated code of every package under `proto/` (see `build.rs`).

@@ -21,9 +21,9 @@ use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use kas_proto::runtime_thread::RuntimeThread;
 use tokio::net::TcpStream;
 use tokio::runtime::Handle;
-use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 /// The threads' name (as `ps -T` and profilers show it), with the thread's number after it.
@@ -37,10 +37,9 @@ pub struct DataPlane {
 }
 
 struct Threads {
-    handles: Vec<Handle>,
-    next: AtomicUsize,
     /// Dropping these stops the threads: their tasks are dropped, as when kas exits.
-    _stops: Vec<oneshot::Sender<()>>,
+    threads: Vec<RuntimeThread>,
+    next: AtomicUsize,
 }
 
 impl DataPlane {
@@ -49,36 +48,9 @@ impl DataPlane {
         if threads == 0 {
             return Ok(Self::disabled());
         }
-        let mut handles = Vec::with_capacity(threads);
-        let mut stops = Vec::with_capacity(threads);
-        // The threads log where the thread that starts them does (the global subscriber, or a
-        // test's own on its thread).
-        let logs = tracing::dispatcher::get_default(Clone::clone);
-        for i in 0..threads {
-            let (stop, stopped) = oneshot::channel::<()>();
-            let (started, handle) = std::sync::mpsc::sync_channel(1);
-            let logs = logs.clone();
-            // The runtime is built and dropped on its own thread only: dropping a runtime on
-            // another runtime's thread (kas starts from one) panics.
-            std::thread::Builder::new().name(format!("{THREAD_NAME}-{i}")).spawn(move || {
-                let _logs = tracing::dispatcher::set_default(&logs);
-                let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                    Ok(runtime) => runtime,
-                    Err(e) => {
-                        let _ = started.send(Err(e));
-                        return;
-                    }
-                };
-                let _ = started.send(Ok(runtime.handle().clone()));
-                runtime.block_on(async {
-                    let _ = stopped.await;
-                });
-            })?;
-            // Waits for the thread to build its runtime: once per thread, at start-up.
-            handles.push(handle.recv().map_err(|_| io::Error::other("a data plane thread ended before it started"))??);
-            stops.push(stop);
-        }
-        Ok(Self { inner: Some(Arc::new(Threads { handles, next: AtomicUsize::new(0), _stops: stops })) })
+        let threads =
+            (0..threads).map(|i| RuntimeThread::start(format!("{THREAD_NAME}-{i}"))).collect::<io::Result<Vec<_>>>()?;
+        Ok(Self { inner: Some(Arc::new(Threads { threads, next: AtomicUsize::new(0) })) })
     }
 
     /// Connections stay on the current runtime (the observability listener's).
@@ -91,9 +63,9 @@ impl DataPlane {
         self.inner.is_some()
     }
 
-    /// The threads, in order (none when disabled).
-    pub fn handles(&self) -> &[Handle] {
-        self.inner.as_ref().map_or(&[], |t| t.handles.as_slice())
+    /// The threads' runtimes, in order (none when disabled).
+    pub fn handles(&self) -> Vec<Handle> {
+        self.inner.as_ref().map_or_else(Vec::new, |t| t.threads.iter().map(|t| t.handle().clone()).collect())
     }
 
     /// Spawns a task on the next thread (on the current runtime when disabled).
@@ -124,8 +96,8 @@ impl DataPlane {
 
     fn next(&self) -> Option<&Handle> {
         let threads = self.inner.as_ref()?;
-        let i = threads.next.fetch_add(1, Ordering::Relaxed) % threads.handles.len();
-        threads.handles.get(i)
+        let i = threads.next.fetch_add(1, Ordering::Relaxed) % threads.threads.len();
+        threads.threads.get(i).map(RuntimeThread::handle)
     }
 }
 
@@ -154,6 +126,8 @@ where
 
 #[cfg(test)]
 mod tests {
+    use tokio::sync::oneshot;
+
     use super::*;
 
     fn thread_name() -> Option<String> {

@@ -206,7 +206,7 @@ pub fn grpc_incoming(
     shutdown: CancellationToken,
 ) -> Vec<tokio_stream::wrappers::ReceiverStream<io::Result<GrpcIo>>> {
     let threads: Vec<Option<tokio::runtime::Handle>> =
-        if data_plane.is_enabled() { data_plane.handles().iter().cloned().map(Some).collect() } else { vec![None] };
+        if data_plane.is_enabled() { data_plane.handles().into_iter().map(Some).collect() } else { vec![None] };
     let (queues, streams): (Vec<_>, Vec<_>) = threads
         .iter()
         .map(|_| {
