@@ -21,7 +21,7 @@ use tower::{Layer, Service};
 use tracing::Instrument;
 
 use super::REQUEST_ID_HEADER;
-use super::problem::{REQUEST_ID, problem_for_bare_errors};
+use super::problem::{REQUEST_ID, current_request_id, problem_for_bare_errors};
 
 /// [`REQUEST_ID_HEADER`] as a header name, made once (not validated per request).
 const REQUEST_ID_NAME: HeaderName = HeaderName::from_static(REQUEST_ID_HEADER);
@@ -121,7 +121,8 @@ where
         // The ready service is taken and a fresh clone left for the next call (tower's rule).
         let clone = self.service.clone();
         let mut service = std::mem::replace(&mut self.service, clone);
-        let id = REQUEST_ID.try_with(Clone::clone).unwrap_or_default();
+        // Always set here: this runs inside the scope layer.
+        let id = current_request_id().unwrap_or_default();
         let handled = REQUEST_ID.scope(id, service.call(request)).instrument(tracing::Span::current());
         let task = tokio_util::task::AbortOnDropHandle::new(
             self.runtime.spawn(async move { handled.await.map(body_produced_here) }),
