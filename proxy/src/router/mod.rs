@@ -38,8 +38,10 @@ pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(20);
 pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 10_000;
 /// agentk opens at most 500 tunnels by default; more requests than that only wait.
 pub const DEFAULT_MAX_CONCURRENT_REQUESTS_PER_AGENT: usize = 500;
-/// How much earlier than the caller's deadline the wait ends (at most 10% of the deadline).
-const DEADLINE_MARGIN: Duration = Duration::from_millis(50);
+/// How much earlier than the caller's deadline the wait ends (at most 10% of the deadline): the
+/// answer must still reach the caller before its own timer fires. 50 ms was too little on a
+/// loaded 2-core CI machine (the caller's tonic timer won, and it saw a bare CANCELLED).
+const DEADLINE_MARGIN: Duration = Duration::from_millis(250);
 /// Waiting requests are woken by pub-sub events (and by the registry's `Resynced` after Redis
 /// comes back); this slow re-scan only covers an event lost otherwise.
 const RESCAN_INTERVAL: Duration = Duration::from_secs(5);
@@ -229,8 +231,9 @@ impl Router {
     /// How long to wait, and whether the caller's deadline (not ours) is the limit.
     fn wait_for(&self, caller_deadline: Option<Duration>) -> (Duration, bool) {
         match caller_deadline {
-            // End a little early: tonic's server enforces grpc-timeout too, and when it fires
-            // first the caller gets a bare CANCELLED instead of this router's explanation.
+            // End a little early: tonic's server and the caller's tonic channel enforce
+            // grpc-timeout too, and when either fires first the caller gets a bare CANCELLED
+            // instead of this router's explanation.
             Some(d) if d < self.max_wait => (d.saturating_sub(DEADLINE_MARGIN.min(d / 10)), true),
             _ => (self.max_wait, false),
         }
