@@ -524,8 +524,7 @@ impl Bound {
             module.grpc_services(&context, &mut services);
         }
         // The specification's services first; each feature's own follow.
-        let GrpcServices { agent: mut agent_services, api: mut api_services, internal: mut internal_services } =
-            services;
+        let GrpcServices { agent: agent_services, api: api_services, internal: internal_services } = services;
 
         let agent_service = AgentService {
             auth: agent_auth,
@@ -550,18 +549,25 @@ impl Bound {
         // A peer kas may forward up to its routing.max_concurrent_requests on one connection.
         let internal_streams = streams.max(u32::try_from(config.routing.max_concurrent_requests).unwrap_or(u32::MAX));
         let max_message = config.limits.max_grpc_message_bytes;
-        agent_services.add_service(AgentTunnelServer::new(agent_service).max_decoding_message_size(max_message));
-        api_services.add_service(
+        // What is not the path to an agent keeps its handlers here, off the data plane: the
+        // features' gRPC services (wrapped before the specification's are added) and the rest
+        // routes other than the Kubernetes API proxy.
+        let off_data_plane = data_plane.is_enabled().then(tokio::runtime::Handle::current);
+        let agent_routes = crate::server::data_plane::grpc_routes(agent_services, off_data_plane.as_ref())
+            .add_service(AgentTunnelServer::new(agent_service).max_decoding_message_size(max_message));
+        let api_routes = crate::server::data_plane::grpc_routes(api_services, off_data_plane.as_ref()).add_service(
             KasApiServer::new(ApiService { router: router.clone(), gitops: gitops.clone() })
                 .max_decoding_message_size(max_message),
         );
-        internal_services.add_service(
-            KasInternalServer::new(InternalService { router: router.clone() }).max_decoding_message_size(max_message),
-        );
+        let internal_routes = crate::server::data_plane::grpc_routes(internal_services, off_data_plane.as_ref())
+            .add_service(
+                KasInternalServer::new(InternalService { router: router.clone() })
+                    .max_decoding_message_size(max_message),
+            );
         let agent_server = flow_control(builder(streams), streams)
             .http2_keepalive_interval(Some(AGENT_KEEPALIVE_INTERVAL))
             .http2_keepalive_timeout(Some(AGENT_KEEPALIVE_TIMEOUT))
-            .add_routes(agent_services.routes());
+            .add_routes(agent_routes);
         let mut agent_task = spawn_grpc_server("agent", incoming("agent", agent, tls.agent), &data_plane, |incoming| {
             agent_server.clone().serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned())
         });
@@ -571,7 +577,7 @@ impl Bound {
             .layer(InterceptorLayer::new(jwt_interceptor(
                 JwtVerifier::gitlab(&gitlab_secret).with_max_lifetime(config.auth.jwt_max_lifetime).for_listener("api"),
             )))
-            .add_routes(api_services.routes());
+            .add_routes(api_routes);
         let mut api_task = spawn_grpc_server("api", incoming("api", api, tls.api), &data_plane, |incoming| {
             api_server.clone().serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned())
         });
@@ -612,9 +618,6 @@ impl Bound {
             DataPlane::disabled(),
             stop_observability.clone(),
         ));
-        // The routes other than the Kubernetes API proxy keep their handlers here, off the
-        // data plane.
-        let off_data_plane = data_plane.is_enabled().then(tokio::runtime::Handle::current);
         let rest_router = rest::router(rest_state, &modules, off_data_plane);
         let rest_data_plane = data_plane.clone();
         let mut rest_task = tokio::spawn(async move {
@@ -637,7 +640,7 @@ impl Bound {
                     .with_max_lifetime(config.auth.jwt_max_lifetime)
                     .for_listener("internal"),
             )))
-            .add_routes(internal_services.routes());
+            .add_routes(internal_routes);
         let mut internal_task =
             spawn_grpc_server("internal", incoming("internal", internal, tls.internal), &data_plane, |incoming| {
                 internal_server.clone().serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned())

@@ -29,6 +29,8 @@ const RECONNECT_BASE: Duration = Duration::from_millis(500);
 const RECONNECT_CAP: Duration = Duration::from_secs(30);
 /// A stream that lasted this long was healthy: the next failure starts backoff afresh.
 const HEALTHY_AFTER: Duration = Duration::from_secs(30);
+/// How long a stopping pusher waits for kas to take what it already sent (see [`run`]).
+const END_TIMEOUT: Duration = Duration::from_secs(2);
 
 type ResourceId = (String, String);
 type ObjectKey = (String, String);
@@ -263,7 +265,9 @@ fn listing(r: &CachedResource) -> Vec<PushRequest> {
 /// Keeps kas's copy equal to the cache until `stop`, reconnecting with backoff (to the kas
 /// addresses in `--kas-address` order, the next one after each failure).
 /// `told` says, after every step, whether kas has been told everything of the configuration's
-/// current resources: (how many resources it names, nothing left to send).
+/// current resources: (how many resources it names, nothing left to send). On `stop` the stream
+/// is ended, not dropped: kas reads what was sent before it answers (within [`END_TIMEOUT`]);
+/// a dropped stream is reset, and kas may see the reset before the last message.
 pub async fn run(
     kas: RunContext,
     mut observed: watch::Receiver<Vec<ResourceKey>>,
@@ -290,8 +294,8 @@ pub async fn run(
         let ended = loop {
             publish(&cache);
             tokio::select! {
-                () = stop.cancelled() => return,
-                result = &mut call => break result.map(|_| ()),
+                () = stop.cancelled() => break None,
+                result = &mut call => break Some(result.map(|_| ())),
                 changed = observed.changed() => {
                     if changed.is_err() {
                         return;
@@ -309,9 +313,16 @@ pub async fn run(
                             permit.send(message);
                         }
                     }
-                    Err(_) => break Ok(()),
+                    Err(_) => break Some(Ok(())),
                 },
             }
+        };
+        let Some(ended) = ended else {
+            drop(tx);
+            if tokio::time::timeout(END_TIMEOUT, &mut call).await.is_err() {
+                tracing::debug!(kas = %address, "kas did not end the cluster state stream in time");
+            }
+            return;
         };
         match ended {
             Ok(()) => tracing::debug!(kas = %address, "kas ended the cluster state stream; reconnecting"),

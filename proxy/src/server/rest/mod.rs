@@ -173,7 +173,8 @@ pub fn openapi_json() -> String {
 /// The rest listener's whole service: the features' routes, auth, limits, request ids, CORS,
 /// problem errors. With `off_data_plane` (kas's multi-threaded runtime, when connections are
 /// served on the data plane), the routes other than the self-authenticated ones (the
-/// Kubernetes API proxy) run their handlers there ([`scope::run_on`]).
+/// Kubernetes API proxy) run their handlers there ([`crate::server::data_plane::run_on`], in the request's
+/// scope: [`scope::with_request_id`]).
 pub fn router(
     state: RestState,
     modules: &[Box<dyn Module>],
@@ -192,7 +193,9 @@ pub fn router(
     let authenticated = json.merge(streaming);
     let mut authenticated = authenticated.route_layer(middleware::from_fn_with_state(state.clone(), authenticate));
     if let Some(runtime) = off_data_plane {
-        authenticated = authenticated.layer(tower::layer::layer_fn(move |route| scope::run_on(runtime.clone(), route)));
+        authenticated = authenticated.layer(tower::layer::layer_fn(move |route| {
+            crate::server::data_plane::run_on(runtime.clone(), scope::with_request_id(route))
+        }));
     }
     let mut app = axum::Router::new()
         .merge(authenticated)

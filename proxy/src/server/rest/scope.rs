@@ -86,27 +86,22 @@ impl Service<Request> for RequestScope {
     }
 }
 
-/// Runs each request's handler on `runtime` (kas's multi-threaded runtime) and hands the
-/// response back: the rest routes whose work must not hold a data plane thread
-/// (`server::data_plane`). The request's scope goes with it (its task-local id, which
-/// problem+json bodies carry, and its log span). A streamed body (Server-Sent Events, whose
-/// first event may be a whole cluster's state) is produced there too and handed over one frame
-/// at a time. A handler that panics answers 500 (problem+json, by the scope layer), as it would
-/// on the data plane; a request whose caller goes away cancels its handler, as before.
-pub fn run_on<S>(runtime: tokio::runtime::Handle, service: S) -> RunOn<S> {
-    RunOn { runtime, service }
+/// `service` with each call's future run in the caller's request scope (its task-local id,
+/// which problem+json bodies carry), wherever that future is polled: the rest routes run off the
+/// data plane (`data_plane::run_on`) are polled by a task that the scope does not reach.
+pub fn with_request_id<S>(service: S) -> WithRequestId<S> {
+    WithRequestId { service }
 }
 
-/// See [`run_on`].
+/// See [`with_request_id`].
 #[derive(Clone)]
-pub struct RunOn<S> {
-    runtime: tokio::runtime::Handle,
+pub struct WithRequestId<S> {
     service: S,
 }
 
-impl<S> Service<Request> for RunOn<S>
+impl<S> Service<Request> for WithRequestId<S>
 where
-    S: Service<Request, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S: Service<Request, Response = Response, Error = Infallible>,
     S::Future: Send + 'static,
 {
     type Response = Response;
@@ -118,53 +113,12 @@ where
     }
 
     fn call(&mut self, request: Request) -> Self::Future {
-        // The ready service is taken and a fresh clone left for the next call (tower's rule).
-        let clone = self.service.clone();
-        let mut service = std::mem::replace(&mut self.service, clone);
-        // Always set here: this runs inside the scope layer.
-        let id = current_request_id().unwrap_or_default();
-        let handled = REQUEST_ID.scope(id, service.call(request)).instrument(tracing::Span::current());
-        let task = tokio_util::task::AbortOnDropHandle::new(
-            self.runtime.spawn(async move { handled.await.map(body_produced_here) }),
-        );
-        Box::pin(async move {
-            match task.await {
-                Ok(result) => result,
-                Err(e) => {
-                    tracing::error!(error = %e, "a rest handler failed");
-                    Ok(axum::response::IntoResponse::into_response(http::StatusCode::INTERNAL_SERVER_ERROR))
-                }
-            }
-        })
-    }
-}
-
-/// `response` with a streamed body read by a task on the current runtime and handed over one
-/// frame at a time (one in hand: the caller's pace still sets the stream's). A body of known
-/// length is already encoded and stays as it is. The task ends when the body ends or the
-/// caller's side is dropped.
-fn body_produced_here(response: Response) -> Response {
-    use http_body_util::BodyExt;
-
-    let (parts, mut body) = response.into_parts();
-    if axum::body::HttpBody::size_hint(&body).exact().is_some() {
-        return Response::from_parts(parts, body);
-    }
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<hyper::body::Frame<bytes::Bytes>, axum::Error>>(1);
-    tokio::spawn(async move {
-        loop {
-            let frame = tokio::select! {
-                () = tx.closed() => return,
-                frame = body.frame() => frame,
-            };
-            let Some(frame) = frame else { return };
-            if tx.send(frame).await.is_err() {
-                return;
-            }
+        let called = self.service.call(request);
+        match current_request_id() {
+            Some(id) => Box::pin(REQUEST_ID.scope(id, called)),
+            None => Box::pin(called),
         }
-    });
-    let frames = http_body_util::StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx));
-    Response::from_parts(parts, axum::body::Body::new(frames))
+    }
 }
 
 /// A random version 4 UUID, from the thread's RNG (tower-http's `MakeRequestUuid` asks the
@@ -195,8 +149,6 @@ fn uuid_v4(bits: u128) -> [u8; 36] {
 
 #[cfg(test)]
 mod tests {
-    use futures::StreamExt;
-
     use super::*;
 
     fn thread_name() -> String {
@@ -204,17 +156,18 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn run_on_runs_the_handler_on_the_given_runtime_in_the_request_scope() {
+    async fn a_route_run_off_the_data_plane_keeps_the_request_id() {
         let plane = crate::server::data_plane::DataPlane::start(1).unwrap();
         let main = tokio::runtime::Handle::current();
         let handler = tower::service_fn(|_request: Request| async {
             let id = REQUEST_ID.try_with(Clone::clone).unwrap_or_default();
             Ok::<_, Infallible>(axum::response::IntoResponse::into_response(format!("{}|{id}", thread_name())))
         });
+        let service = crate::server::data_plane::run_on(main, with_request_id(handler));
         // Called on a data plane thread in a request's scope, answered on this test's runtime.
         let (body, called_on) = plane
             .spawn(REQUEST_ID.scope("req-7".to_owned(), async move {
-                let response = tower::ServiceExt::oneshot(run_on(main, handler), Request::default()).await.unwrap();
+                let response = tower::ServiceExt::oneshot(service, Request::default()).await.unwrap();
                 let body = axum::body::to_bytes(response.into_body(), 1024).await.unwrap();
                 (String::from_utf8(body.to_vec()).unwrap(), thread_name())
             }))
@@ -223,27 +176,6 @@ mod tests {
         assert_eq!(called_on, "kas-data-0");
         assert_eq!(body, format!("{}|req-7", thread_name()));
         assert_ne!(thread_name(), "kas-data-0");
-    }
-
-    #[tokio::test]
-    async fn run_on_produces_a_streamed_body_on_the_given_runtime() {
-        let plane = crate::server::data_plane::DataPlane::start(1).unwrap();
-        let main = tokio::runtime::Handle::current();
-        // Each chunk says where it was produced (a stream of unknown length, like SSE).
-        let handler = tower::service_fn(|_request: Request| async {
-            let chunks = futures::stream::iter(0..3)
-                .then(|_| async { Ok::<_, Infallible>(bytes::Bytes::from(format!("{};", thread_name()))) });
-            Ok::<_, Infallible>(Response::new(axum::body::Body::from_stream(chunks)))
-        });
-        let body = plane
-            .spawn(async move {
-                let response = tower::ServiceExt::oneshot(run_on(main, handler), Request::default()).await.unwrap();
-                axum::body::to_bytes(response.into_body(), 1024).await.unwrap()
-            })
-            .await
-            .unwrap();
-        let here = thread_name();
-        assert_eq!(String::from_utf8(body.to_vec()).unwrap(), format!("{here};{here};{here};"));
     }
 
     #[test]
