@@ -482,8 +482,11 @@ impl Bound {
             Some(t) => Peers::new(internal_secret.clone()).with_tls(internal_client_tls(t)?),
             None => Peers::new(internal_secret.clone()),
         };
-        let peers =
-            Arc::new(peers.with_ping(config.kas_internal.peer_ping_interval, config.kas_internal.peer_ping_timeout));
+        let peers = Arc::new(
+            peers
+                .with_ping(config.kas_internal.peer_ping_interval, config.kas_internal.peer_ping_timeout)
+                .with_runtimes(data_plane.runtimes()),
+        );
         let cluster_state = crate::modules::cluster_state::hub::ClusterStateHub::new(
             config.cluster_state.clone(),
             registry.clone(),
