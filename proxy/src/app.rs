@@ -485,7 +485,7 @@ impl Bound {
         let peers = Arc::new(
             peers
                 .with_ping(config.kas_internal.peer_ping_interval, config.kas_internal.peer_ping_timeout)
-                .with_runtimes(data_plane.runtimes()),
+                .with_runtime(data_plane.handles().into_iter().next()),
         );
         let cluster_state = crate::modules::cluster_state::hub::ClusterStateHub::new(
             config.cluster_state.clone(),

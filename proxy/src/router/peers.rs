@@ -87,20 +87,12 @@ pub enum PeerError {
 }
 
 struct Peer {
-    /// The channel (one HTTP/2 connection) of the first runtime of `Shared::runtimes`, or the
-    /// only one, and those of the others: each is driven by its runtime, and a forwarded request
-    /// uses the one of the data plane thread it runs on, so that its exchange does not cross
-    /// threads (`server::data_plane`).
-    channels: Channels,
+    /// Driven by `Shared::runtime` (see there).
+    channel: Channel,
     /// `Some` while the peer is down (a probe task is running for it).
     down: Option<Down>,
     /// The last time a request took this peer's channel.
     last_used: Instant,
-}
-
-struct Channels {
-    first: Channel,
-    others: Vec<Channel>,
 }
 
 struct Down {
@@ -115,9 +107,11 @@ struct Shared {
     tls: Option<tonic::transport::ClientTlsConfig>,
     ping_interval: Duration,
     ping_timeout: Duration,
-    /// kas's data plane threads (their ids and runtimes); empty: channels are driven by the
-    /// runtime that first asks for them.
-    runtimes: Vec<(usize, tokio::runtime::Handle)>,
+    /// Where peer channels' tasks (their buffer and their connection) run: kas's first data
+    /// plane thread, so that a forwarded request served there does not cross threads; without
+    /// it, the runtime that first asks for the peer, which could be the multi-threaded one (the
+    /// cluster state hub's peer reads), putting every later forward to that peer across threads.
+    runtime: Option<tokio::runtime::Handle>,
     /// Address -> peer. A lock held only for map operations (never across an await); channels
     /// are cheap clones sharing one HTTP/2 connection.
     peers: Mutex<HashMap<String, Peer>>,
@@ -149,7 +143,7 @@ impl Peers {
                 tls: None,
                 ping_interval: DEFAULT_PEER_PING_INTERVAL,
                 ping_timeout: DEFAULT_PEER_PING_TIMEOUT,
-                runtimes: Vec::new(),
+                runtime: None,
                 peers: Mutex::default(),
                 last_sweep: Mutex::new(Instant::now()),
                 up: watch::channel(0).0,
@@ -168,7 +162,7 @@ impl Peers {
             tls: old.tls.clone(),
             ping_interval: old.ping_interval,
             ping_timeout: old.ping_timeout,
-            runtimes: old.runtimes.clone(),
+            runtime: old.runtime.clone(),
             peers: Mutex::default(),
             last_sweep: Mutex::new(Instant::now()),
             up: watch::channel(0).0,
@@ -184,10 +178,9 @@ impl Peers {
         self.rebuild(|s| s.tls = Some(tls))
     }
 
-    /// Channels to each peer driven by kas's data plane threads, one per thread
-    /// (`DataPlane::runtimes`; none: by the runtime that first asks).
-    pub fn with_runtimes(self, runtimes: Vec<(usize, tokio::runtime::Handle)>) -> Self {
-        self.rebuild(|s| s.runtimes = runtimes)
+    /// Peer channels driven by `runtime` (kas's first data plane thread), whoever asks first.
+    pub fn with_runtime(self, runtime: Option<tokio::runtime::Handle>) -> Self {
+        self.rebuild(|s| s.runtime = runtime)
     }
 
     /// HTTP/2 keepalive towards peers (`kas_internal.peer_ping_interval` / `_timeout`).
@@ -292,11 +285,6 @@ impl Peers {
     }
 }
 
-/// The position in `runtimes` of the runtime thread `current` (0 when it is none of them).
-fn runtime_index(runtimes: &[(usize, tokio::runtime::Handle)], current: Option<usize>) -> usize {
-    current.and_then(|id| runtimes.iter().position(|(thread, _)| *thread == id)).unwrap_or(0)
-}
-
 /// `ip:port`, with brackets around an IPv6 address.
 fn socket_address(a: &KasAddress) -> String {
     if a.ip.contains(':') { format!("[{}]:{}", a.ip, a.port) } else { format!("{}:{}", a.ip, a.port) }
@@ -338,35 +326,16 @@ impl Shared {
                 }
                 None => {
                     p.last_used = now;
-                    Ok(self.this_threads(&p.channels))
+                    Ok(p.channel.clone())
                 }
             };
         }
-        let mut made = Vec::with_capacity(self.runtimes.len().max(1));
-        if self.runtimes.is_empty() {
-            made.push(self.new_channel(address)?);
-        }
-        for (_, runtime) in &self.runtimes {
-            // The channel's tasks (its buffer and its connection) go where it is made.
-            let _on = runtime.enter();
-            made.push(self.new_channel(address)?);
-        }
-        let mut made = made.into_iter();
-        let Some(first) = made.next() else {
-            return Err(PeerError::Unavailable("no runtime for a peer channel".into()));
+        let channel = {
+            let _on = self.runtime.as_ref().map(tokio::runtime::Handle::enter);
+            self.new_channel(address)?
         };
-        let channels = Channels { first, others: made.collect() };
-        let channel = self.this_threads(&channels);
-        peers.insert(address.to_owned(), Peer { channels, down: None, last_used: now });
+        peers.insert(address.to_owned(), Peer { channel: channel.clone(), down: None, last_used: now });
         Ok(channel)
-    }
-
-    /// The channel of the data plane thread the caller runs on; the first one elsewhere.
-    fn this_threads(&self, channels: &Channels) -> Channel {
-        match runtime_index(&self.runtimes, kas_proto::runtime_thread::RuntimeThread::current_id()) {
-            0 => channels.first.clone(),
-            i => channels.others.get(i - 1).unwrap_or(&channels.first).clone(),
-        }
     }
 
     /// Drops up peers no request used for `PEER_FORGET_AFTER` (down peers are their probe's
@@ -464,7 +433,7 @@ async fn probe_until_up(shared: Arc<Shared>, address: String) {
                     tracing::debug!(peer = %address, "forgetting a peer kas nobody needs");
                     return;
                 }
-                Some(p) => shared.this_threads(&p.channels),
+                Some(p) => p.channel.clone(),
                 None => return,
             }
         };
@@ -525,35 +494,17 @@ mod tests {
         assert_eq!(known(&peers), ["127.0.0.1:1003"]);
     }
 
-    /// With a data plane, each of its threads drives its own channel to a peer (its buffer and
-    /// connection tasks run there, wherever the channel was first asked for), and a request
-    /// takes the channel of the thread it runs on.
+    /// The channel to a peer runs on the runtime it was given (kas's first data plane thread),
+    /// even when first asked for elsewhere.
     #[tokio::test]
-    async fn each_data_plane_thread_drives_its_own_channel_to_a_peer() {
-        use kas_proto::runtime_thread::RuntimeThread;
-
-        let threads = [
-            RuntimeThread::start("peers-test-0".into()).unwrap(),
-            RuntimeThread::start("peers-test-1".into()).unwrap(),
-        ];
-        let runtimes: Vec<_> = threads.iter().map(|t| (t.id(), t.handle().clone())).collect();
-        let peers = Peers::new(Secret::generate()).with_runtimes(runtimes.clone());
-        for t in &threads {
-            assert_eq!(t.handle().metrics().num_alive_tasks(), 0);
-        }
-        // Asked for on this test's runtime (as the cluster state hub would), made on the threads.
+    async fn peer_channels_run_on_the_given_runtime() {
+        let thread = kas_proto::runtime_thread::RuntimeThread::start("peers-test".into()).unwrap();
+        let peers = Peers::new(Secret::generate()).with_runtime(Some(thread.handle().clone()));
+        assert_eq!(thread.handle().metrics().num_alive_tasks(), 0);
+        // Asked for on this test's runtime (as the cluster state hub would).
         peers.shared.channel_if_up("127.0.0.1:1001").unwrap();
-        for t in &threads {
-            assert_eq!(t.handle().metrics().num_alive_tasks(), 1, "the channel's buffer task");
-        }
-        assert_eq!(runtime_index(&runtimes, Some(threads[0].id())), 0);
-        assert_eq!(runtime_index(&runtimes, Some(threads[1].id())), 1);
-        assert_eq!(runtime_index(&runtimes, None), 0, "off the data plane: the first");
-        let elsewhere = RuntimeThread::start("peers-test-other".into()).unwrap();
-        assert_eq!(runtime_index(&runtimes, Some(elsewhere.id())), 0);
-        // Taken on a thread: its id is what the thread reports.
-        let id = threads[1].handle().spawn(async { RuntimeThread::current_id() }).await.unwrap();
-        assert_eq!(id, Some(threads[1].id()));
-        assert_eq!(RuntimeThread::current_id(), None);
+        assert_eq!(thread.handle().metrics().num_alive_tasks(), 1, "the channel's buffer task");
+        peers.shared.channel_if_up("127.0.0.1:1001").unwrap();
+        assert_eq!(thread.handle().metrics().num_alive_tasks(), 1, "one channel per peer");
     }
 }

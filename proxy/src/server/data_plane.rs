@@ -75,12 +75,6 @@ impl DataPlane {
         self.inner.as_ref().map_or_else(Vec::new, |t| t.threads.iter().map(|t| t.handle().clone()).collect())
     }
 
-    /// The threads' ids ([`RuntimeThread::current_id`]) and runtimes, in order (none when
-    /// disabled): for clients that keep one connection per thread (`router::peers`).
-    pub fn runtimes(&self) -> Vec<(usize, Handle)> {
-        self.inner.as_ref().map_or_else(Vec::new, |t| t.threads.iter().map(|t| (t.id(), t.handle().clone())).collect())
-    }
-
     /// Spawns a task on the next thread (on the current runtime when disabled).
     pub fn spawn<F>(&self, task: F) -> JoinHandle<F::Output>
     where
