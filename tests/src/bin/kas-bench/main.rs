@@ -47,7 +47,11 @@ struct Args {
     sections: Vec<String>,
 }
 
-fn args() -> Args {
+const USAGE: &str = "usage: kas-bench [--trials N] [--requests N] [--rounds N] \
+                     [--sections routing,proxy,git,gitops,cluster_state] [--out FILE]";
+
+/// The command line, or what is wrong with it (`--help`: the usage, as an error to print).
+fn args() -> Result<Args, String> {
     let mut a = Args {
         trials: 100,
         requests: 2000,
@@ -58,22 +62,20 @@ fn args() -> Args {
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        let mut value = || it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
+        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value\n{USAGE}"));
+        let number = |v: String| v.parse::<usize>().map_err(|_| format!("{flag} wants a number, not {v:?}\n{USAGE}"));
         match flag.as_str() {
-            "--trials" => a.trials = value().parse().expect("--trials N"),
-            "--requests" => a.requests = value().parse().expect("--requests N"),
-            "--rounds" => a.rounds = value().parse().expect("--rounds N"),
+            "--trials" => a.trials = number(value()?)?,
+            "--requests" => a.requests = number(value()?)?,
+            "--rounds" => a.rounds = number(value()?)?,
             "--upstream" => a.upstream = true,
-            "--out" => a.out = Some(value().into()),
-            "--sections" => a.sections = value().split(',').map(str::to_owned).collect(),
-            other => {
-                panic!(
-                    "unknown flag {other} (use --trials N, --requests N, --rounds N, --sections routing,proxy,git,gitops,cluster_state, --out FILE)"
-                )
-            }
+            "--out" => a.out = Some(value()?.into()),
+            "--sections" => a.sections = value()?.split(',').map(str::to_owned).collect(),
+            "--help" | "-h" => return Err(USAGE.to_owned()),
+            other => return Err(format!("unknown flag {other}\n{USAGE}")),
         }
     }
-    a
+    Ok(a)
 }
 
 async fn routing(requests: usize, report: &mut String) {
@@ -203,7 +205,14 @@ async fn refresh(report: &mut String) {
 
 #[tokio::main]
 async fn main() {
-    let a = args();
+    let a = match args() {
+        Ok(a) => a,
+        Err(e) => {
+            let help = std::env::args().any(|f| f == "--help" || f == "-h");
+            eprintln!("{e}");
+            std::process::exit(if help { 0 } else { 2 });
+        }
+    };
     if a.upstream {
         if let Err(e) = proxy::serve_upstream().await {
             eprintln!("kas-bench --upstream: {e}");
