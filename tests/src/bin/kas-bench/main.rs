@@ -47,6 +47,9 @@ struct Args {
     sections: Vec<String>,
 }
 
+/// The report's sections, in the order they run.
+const SECTIONS: [&str; 5] = ["routing", "proxy", "git", "gitops", "cluster_state"];
+
 const USAGE: &str = "usage: kas-bench [--trials N] [--requests N] [--rounds N] \
                      [--sections routing,proxy,git,gitops,cluster_state] [--out FILE]";
 
@@ -58,7 +61,7 @@ fn args() -> Result<Args, String> {
         rounds: 3,
         upstream: false,
         out: None,
-        sections: vec!["routing".into(), "proxy".into(), "git".into(), "gitops".into(), "cluster_state".into()],
+        sections: SECTIONS.iter().map(|s| (*s).to_owned()).collect(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -70,7 +73,12 @@ fn args() -> Result<Args, String> {
             "--rounds" => a.rounds = number(value()?)?,
             "--upstream" => a.upstream = true,
             "--out" => a.out = Some(value()?.into()),
-            "--sections" => a.sections = value()?.split(',').map(str::to_owned).collect(),
+            "--sections" => {
+                a.sections = value()?.split(',').map(str::to_owned).collect();
+                if let Some(unknown) = a.sections.iter().find(|s| !SECTIONS.contains(&s.as_str())) {
+                    return Err(format!("unknown section {unknown:?}\n{USAGE}"));
+                }
+            }
             "--help" | "-h" => return Err(USAGE.to_owned()),
             other => return Err(format!("unknown flag {other}\n{USAGE}")),
         }
