@@ -173,8 +173,8 @@ pub fn openapi_json() -> String {
 /// The rest listener's whole service: the features' routes, auth, limits, request ids, CORS,
 /// problem errors. With `off_data_plane` (kas's multi-threaded runtime, when connections are
 /// served on the data plane), the routes other than the self-authenticated ones (the
-/// Kubernetes API proxy) run their handlers there ([`crate::server::data_plane::run_on`], in the request's
-/// scope: [`scope::with_request_id`]).
+/// Kubernetes API proxy) run their handlers there ([`crate::server::data_plane::run_on`], in
+/// the request's scope: [`scope::with_request_id`]).
 pub fn router(
     state: RestState,
     modules: &[Box<dyn Module>],

@@ -89,37 +89,24 @@ impl Service<Request> for RequestScope {
 /// `service` with each call's future run in the caller's request scope (its task-local id,
 /// which problem+json bodies carry), wherever that future is polled: the rest routes run off the
 /// data plane (`data_plane::run_on`) are polled by a task that the scope does not reach.
-pub fn with_request_id<S>(service: S) -> WithRequestId<S> {
-    WithRequestId { service }
-}
-
-/// See [`with_request_id`].
-#[derive(Clone)]
-pub struct WithRequestId<S> {
+pub fn with_request_id<S>(
     service: S,
-}
-
-impl<S> Service<Request> for WithRequestId<S>
+) -> impl Service<Request, Response = Response, Error = Infallible, Future = ScopedFuture> + Clone
 where
-    S: Service<Request, Response = Response, Error = Infallible>,
+    S: Service<Request, Response = Response, Error = Infallible> + Clone,
     S::Future: Send + 'static,
 {
-    type Response = Response;
-    type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        self.service.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: Request) -> Self::Future {
-        let called = self.service.call(request);
+    // `map_future` runs in `call`, where the caller's scope is still current.
+    tower::ServiceExt::map_future(service, |called: S::Future| -> ScopedFuture {
         match current_request_id() {
             Some(id) => Box::pin(REQUEST_ID.scope(id, called)),
             None => Box::pin(called),
         }
-    }
+    })
 }
+
+/// The future of [`with_request_id`]'s service.
+pub type ScopedFuture = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
 
 /// A random version 4 UUID, from the thread's RNG (tower-http's `MakeRequestUuid` asks the
 /// kernel: a `getrandom` call per request), written without an intermediate `String`.
