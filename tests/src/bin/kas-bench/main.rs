@@ -53,8 +53,16 @@ const SECTIONS: [&str; 5] = ["routing", "proxy", "git", "gitops", "cluster_state
 const USAGE: &str = "usage: kas-bench [--trials N] [--requests N] [--rounds N] \
                      [--sections routing,proxy,git,gitops,cluster_state] [--out FILE]";
 
-/// The command line, or what is wrong with it (`--help`: the usage, as an error to print).
-fn args() -> Result<Args, String> {
+/// Why the command line does not run the benchmark.
+enum NotRun {
+    /// `--help`: the usage is printed, and that is success.
+    Help,
+    /// What is wrong with it, and the usage.
+    Bad(String),
+}
+
+/// The command line.
+fn args() -> Result<Args, NotRun> {
     let mut a = Args {
         trials: 100,
         requests: 2000,
@@ -65,8 +73,9 @@ fn args() -> Result<Args, String> {
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value\n{USAGE}"));
-        let number = |v: String| v.parse::<usize>().map_err(|_| format!("{flag} wants a number, not {v:?}\n{USAGE}"));
+        let mut value = || it.next().ok_or_else(|| NotRun::Bad(format!("{flag} needs a value")));
+        let number =
+            |v: String| v.parse::<usize>().map_err(|_| NotRun::Bad(format!("{flag} wants a number, not {v:?}")));
         match flag.as_str() {
             "--trials" => a.trials = number(value()?)?,
             "--requests" => a.requests = number(value()?)?,
@@ -76,11 +85,11 @@ fn args() -> Result<Args, String> {
             "--sections" => {
                 a.sections = value()?.split(',').map(str::to_owned).collect();
                 if let Some(unknown) = a.sections.iter().find(|s| !SECTIONS.contains(&s.as_str())) {
-                    return Err(format!("unknown section {unknown:?}\n{USAGE}"));
+                    return Err(NotRun::Bad(format!("unknown section {unknown:?}")));
                 }
             }
-            "--help" | "-h" => return Err(USAGE.to_owned()),
-            other => return Err(format!("unknown flag {other}\n{USAGE}")),
+            "--help" | "-h" => return Err(NotRun::Help),
+            other => return Err(NotRun::Bad(format!("unknown flag {other}"))),
         }
     }
     Ok(a)
@@ -215,10 +224,13 @@ async fn refresh(report: &mut String) {
 async fn main() {
     let a = match args() {
         Ok(a) => a,
-        Err(e) => {
-            let help = std::env::args().any(|f| f == "--help" || f == "-h");
-            eprintln!("{e}");
-            std::process::exit(if help { 0 } else { 2 });
+        Err(NotRun::Help) => {
+            println!("{USAGE}");
+            return;
+        }
+        Err(NotRun::Bad(e)) => {
+            eprintln!("{e}\n{USAGE}");
+            std::process::exit(2);
         }
     };
     if a.upstream {
