@@ -5,6 +5,7 @@ pub mod app;
 pub mod auth;
 pub mod config;
 pub mod error;
+pub mod log_format;
 pub mod metrics;
 pub mod modules;
 pub mod registry;

@@ -114,7 +114,7 @@ fn init_logging(filter: &str, format: Option<LogFormat>) -> anyhow::Result<()> {
     };
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     if json {
-        builder.json().init()
+        builder.json().fmt_fields(kas::log_format::JsonSpanFields).init()
     } else {
         builder.init()
     }

@@ -254,14 +254,19 @@ fn forwarded_headers(head: &HttpRequestHead) -> HeaderMap {
     let upgrade = is_upgrade(&out);
     strip_hop_by_hop(&mut out, upgrade);
     let ua = match out.get(USER_AGENT).and_then(|v| v.to_str().ok()) {
-        Some(ua) if !ua.is_empty() => format!("{ua} via agentk/{}", crate::VERSION),
-        _ => format!("agentk/{}", crate::VERSION),
+        Some(ua) if !ua.is_empty() => HeaderValue::from_str(&format!("{ua} via agentk/{}", crate::VERSION)).ok(),
+        _ => Some(AGENTK_USER_AGENT.clone()),
     };
-    if let Ok(v) = HeaderValue::from_str(&ua) {
-        out.insert(USER_AGENT, v);
+    if let Some(ua) = ua {
+        out.insert(USER_AGENT, ua);
     }
     out
 }
+
+/// `User-Agent` of a request whose caller sent none, made once.
+static AGENTK_USER_AGENT: std::sync::LazyLock<HeaderValue> = std::sync::LazyLock::new(|| {
+    HeaderValue::from_str(&format!("agentk/{}", crate::VERSION)).unwrap_or_else(|_| HeaderValue::from_static("agentk"))
+});
 
 fn response_head(response: &http::Response<Incoming>) -> HttpResponseHead {
     let mut headers = response.headers().clone();

@@ -148,8 +148,9 @@ async fn proxy(
     Path(params): Path<HashMap<String, String>>,
     request: Request,
 ) -> Response {
-    let discovery = is_discovery_request(request.method().as_str(), &proxied_path(&params, request.uri()));
-    let mut response = match proxy_inner(&state, params, request).await {
+    let path = proxied_path(&params, request.uri());
+    let discovery = is_discovery_request(request.method().as_str(), &path);
+    let mut response = match proxy_inner(&state, &params, path, request).await {
         Ok(response) => response,
         Err(e) => {
             tracing::debug!(error = %e, "Kubernetes API proxy error");
@@ -170,8 +171,12 @@ struct KasStatus(String);
 
 /// The Kubernetes API path (and query) the caller asked for.
 fn proxied_path(params: &HashMap<String, String>, uri: &http::Uri) -> String {
-    let mut path = format!("/{}", params.get("path").map(String::as_str).unwrap_or_default());
-    if let Some(query) = uri.query() {
+    let rest = params.get("path").map(String::as_str).unwrap_or_default();
+    let query = uri.query();
+    let mut path = String::with_capacity(1 + rest.len() + query.map_or(0, |q| 1 + q.len()));
+    path.push('/');
+    path.push_str(rest);
+    if let Some(query) = query {
         path.push('?');
         path.push_str(query);
     }
@@ -198,14 +203,14 @@ pub fn kubernetes_status(e: &KasError) -> Response {
 
 async fn proxy_inner(
     state: &RestState,
-    params: HashMap<String, String>,
+    params: &HashMap<String, String>,
+    path: String,
     mut request: Request,
 ) -> Result<Response, KasError> {
-    let agent_id = agent_id_param(&params)?;
+    let agent_id = agent_id_param(params)?;
     let authorization = request.headers().get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
     let impersonation = callers::authorize(&state.verifier, &state.callers, authorization, agent_id).await?;
     request.headers_mut().remove(http::header::AUTHORIZATION);
-    let path = proxied_path(&params, request.uri());
     let upgrade = is_upgrade(request.headers());
     let is_head = request.method() == http::Method::HEAD;
     let progress = request.extensions().get::<crate::server::rest::serve::WriteProgress>().cloned();

@@ -63,8 +63,13 @@ impl Service<Request> for RequestScope {
             }
         };
         let text = id.to_str().unwrap_or("-").to_owned();
-        let span =
-            tracing::info_span!("rest", request_id = %text, method = %request.method(), path = %request.uri().path());
+        // Recorded as strings (not `%`, `Display`): no formatting machinery per request.
+        let span = tracing::info_span!(
+            "rest",
+            request_id = text.as_str(),
+            method = request.method().as_str(),
+            path = request.uri().path()
+        );
         let started = std::time::Instant::now();
         // `Route::call` serves the request on a clone of the route's service (no clone here).
         let routed = self.route.call(request);

@@ -629,13 +629,19 @@ async fn run_paths(rounds: usize, report: &mut String) -> Result<(), Unavailable
     // one phase, not a mix of them).
     if let Some(hold) = std::env::var("BENCH_HOLD_SECS").ok().and_then(|s| s.parse::<u64>().ok()) {
         let conns = std::env::var("BENCH_HOLD_CONNS").ok().and_then(|s| s.parse::<usize>().ok()).unwrap_or(CONCURRENCY);
+        // BENCH_HOLD_BIG=1: the held load is 200 MiB GETs, one after the other.
+        let big = std::env::var("BENCH_HOLD_BIG").is_ok_and(|v| v == "1");
         for t in &targets {
             let Ok(base) = &t.base else { continue };
             let pids: Vec<String> = t.procs.iter().map(|(role, p)| format!("{role}={}", p.pid)).collect();
             eprintln!("holding load on {}: {}", t.name, pids.join(" "));
             let until = Instant::now() + Duration::from_secs(hold);
             while Instant::now() < until {
-                small_gets(t, base, conns.max(1), REQUESTS_16).await;
+                if big {
+                    let _ = big_body(t, base).await;
+                } else {
+                    small_gets(t, base, conns.max(1), REQUESTS_16).await;
+                }
             }
         }
         eprintln!("hold done");
