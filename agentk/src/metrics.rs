@@ -110,11 +110,27 @@ impl Outcome {
 }
 
 pub fn request(module: &'static str, outcome: Outcome) {
-    metrics::counter!(REQUESTS, "module" => module, "outcome" => outcome.label()).increment(1);
+    // The proxy's counters registered once: the macro looks its key up on every call.
+    static KUBERNETES_API: [OnceLock<metrics::Counter>; 4] = [const { OnceLock::new() }; 4];
+    let register = || metrics::counter!(REQUESTS, "module" => module, "outcome" => outcome.label());
+    match module {
+        "kubernetes_api" => registered(&KUBERNETES_API[outcome as usize], register).increment(1),
+        _ => register().increment(1),
+    }
 }
 
 pub fn api_server_latency(took: Duration) {
-    metrics::histogram!(API_SERVER_LATENCY).record(took.as_secs_f64());
+    static LATENCY: OnceLock<metrics::Histogram> = OnceLock::new();
+    registered(&LATENCY, || metrics::histogram!(API_SERVER_LATENCY)).record(took.as_secs_f64());
+}
+
+/// A metric handle registered on its first use, after the recorder is installed (a handle
+/// taken before would record nothing), and kept: for the metrics of every proxied request.
+fn registered<T>(slot: &OnceLock<T>, register: impl FnOnce() -> T) -> &T {
+    slot.get_or_init(|| {
+        handle();
+        register()
+    })
 }
 
 pub fn connected() {

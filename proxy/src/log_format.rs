@@ -21,13 +21,21 @@ use tracing_subscriber::fmt::format::{FormatFields, Writer};
 #[derive(Debug, Clone, Copy, Default)]
 pub struct JsonSpanFields;
 
+/// Room for a typical span's fields (the rest span: a UUID, a method and a path).
+const OBJECT_CAPACITY: usize = 256;
+
 impl<'writer> FormatFields<'writer> for JsonSpanFields {
     fn format_fields<R: RecordFields>(&self, mut writer: Writer<'writer>, fields: R) -> fmt::Result {
-        writer.write_char('{')?;
-        let mut object = ObjectWriter { out: &mut writer, first: true, result: Ok(()) };
-        fields.record(&mut object);
-        object.result?;
-        writer.write_char('}')
+        // Built in one buffer, then written at once: the span's own string (empty when it is
+        // created) is then allocated once instead of growing with every piece.
+        let mut object = String::with_capacity(OBJECT_CAPACITY);
+        object.push('{');
+        let mut out = Writer::new(&mut object);
+        let mut visitor = ObjectWriter { out: &mut out, first: true, result: Ok(()) };
+        fields.record(&mut visitor);
+        visitor.result?;
+        object.push('}');
+        writer.write_str(&object)
     }
 
     /// Fields recorded later (`Span::record`) are added to the object; a key recorded twice

@@ -1,5 +1,7 @@
 //! Metrics of the Kubernetes API proxy.
 
+use crate::metrics::Registered;
+
 pub const PROXIED_BYTES: &str = "kas_proxied_bytes_total";
 
 pub fn describe() {
@@ -7,5 +9,12 @@ pub fn describe() {
 }
 
 pub fn proxied_bytes(direction: &'static str, n: usize) {
-    metrics::counter!(PROXIED_BYTES, "direction" => direction).increment(n as u64);
+    static REQUEST: Registered<metrics::Counter> = Registered::new();
+    static RESPONSE: Registered<metrics::Counter> = Registered::new();
+    let handle = match direction {
+        "request" => &REQUEST,
+        "response" => &RESPONSE,
+        _ => return metrics::counter!(PROXIED_BYTES, "direction" => direction).increment(n as u64),
+    };
+    handle.get(|| metrics::counter!(PROXIED_BYTES, "direction" => direction)).increment(n as u64);
 }
