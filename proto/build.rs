@@ -32,6 +32,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut config = tonic_prost_build::Config::new();
     config.protoc_executable(&protoc);
     config.bytes(["."]);
+    // The tunnel's metadata and the proxied heads' headers: a handful of short keys per message,
+    // for which a B-tree's comparisons cost less than hashing every key with SipHash (issue 14).
+    config.btree_map([".kas.tunnel.v1", ".kas.kubernetes_api.v1"]);
     // `AgentTunnel.Connect` would clash with the generated `Client::connect(dst)`; clients are
     // built with `::new(channel)` instead, so transport constructors are not generated.
     tonic_prost_build::configure()

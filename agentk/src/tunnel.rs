@@ -7,7 +7,7 @@
 //! the module may not be reading the request body then. Request frames are read ahead of the
 //! module up to [`REQUEST_READ_AHEAD`] bytes.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -43,7 +43,7 @@ enum Inbound {
 /// The request kas sent, as a module sees it.
 pub struct TunnelRequest {
     pub method: String,
-    pub metadata: HashMap<String, pb::MetadataValues>,
+    pub metadata: BTreeMap<String, pb::MetadataValues>,
     inbound: mpsc::UnboundedReceiver<Result<Inbound, Status>>,
     /// Read by [`TunnelRequest::ended_now`] and not taken yet.
     peeked: Option<Result<Inbound, Status>>,
@@ -305,7 +305,7 @@ impl TunnelRequest {
 pub struct Batch(Vec<(ConnectRequest, ResponseFrame)>);
 
 impl Batch {
-    pub fn header(&mut self, metadata: HashMap<String, pb::MetadataValues>) -> &mut Self {
+    pub fn header(&mut self, metadata: BTreeMap<String, pb::MetadataValues>) -> &mut Self {
         self.0.push((ConnectRequest::header(pb::Header { metadata }), ResponseFrame::Header));
         self
     }
@@ -316,7 +316,7 @@ impl Batch {
         self
     }
 
-    pub fn trailer(&mut self, metadata: HashMap<String, pb::MetadataValues>) -> &mut Self {
+    pub fn trailer(&mut self, metadata: BTreeMap<String, pb::MetadataValues>) -> &mut Self {
         self.0.push((ConnectRequest::trailer(pb::Trailer { metadata }), ResponseFrame::Trailer));
         self
     }
@@ -442,7 +442,7 @@ impl Responder {
         self.order.lock().unwrap_or_else(std::sync::PoisonError::into_inner).is_done()
     }
 
-    pub async fn trailer(&self, metadata: HashMap<String, pb::MetadataValues>) -> Result<(), Status> {
+    pub async fn trailer(&self, metadata: BTreeMap<String, pb::MetadataValues>) -> Result<(), Status> {
         self.send(ConnectRequest::trailer(pb::Trailer { metadata }), ResponseFrame::Trailer).await
     }
 
@@ -461,7 +461,7 @@ impl Responder {
         match result {
             Ok(body) => {
                 let mut batch = Batch::default();
-                batch.header(HashMap::new()).message(body).trailer(HashMap::new());
+                batch.header(BTreeMap::new()).message(body).trailer(BTreeMap::new());
                 self.send_batch(batch).await
             }
             Err(status) => self.error(&status).await,
@@ -523,8 +523,8 @@ mod tests {
     async fn a_batch_is_queued_whole() {
         let (responder, mut to_kas) = responder(1024);
         let mut batch = Batch::default();
-        batch.header(HashMap::new()).message(Bytes::from_static(b"head")).message(Bytes::from_static(b"body"));
-        batch.trailer(HashMap::new());
+        batch.header(BTreeMap::new()).message(Bytes::from_static(b"head")).message(Bytes::from_static(b"body"));
+        batch.trailer(BTreeMap::new());
         responder.send_batch(batch).await.unwrap();
         assert_eq!(kinds(&mut to_kas), ["header", "message", "message", "trailer"]);
         assert!(responder.is_done());
@@ -536,8 +536,8 @@ mod tests {
     async fn a_batch_message_waits_for_credit() {
         let (responder, mut to_kas) = responder(10);
         let mut batch = Batch::default();
-        batch.header(HashMap::new()).message(Bytes::from(vec![0; 100])).message(Bytes::from_static(b"rest"));
-        batch.trailer(HashMap::new());
+        batch.header(BTreeMap::new()).message(Bytes::from(vec![0; 100])).message(Bytes::from_static(b"rest"));
+        batch.trailer(BTreeMap::new());
         let send = responder.send_batch(batch);
         tokio::pin!(send);
         assert!(tokio::time::timeout(Duration::from_secs(1), &mut send).await.is_err(), "the second message waits");

@@ -1,6 +1,6 @@
 //! HTTP <-> tunnel frame adapters for the Kubernetes API proxy (both kas and agentk use them).
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 
 use bytes::Bytes;
 use http::header::{
@@ -72,8 +72,8 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     }
 }
 
-pub fn headers_to_proto(headers: &HeaderMap) -> HashMap<String, HeaderValues> {
-    let mut out: HashMap<String, HeaderValues> = HashMap::new();
+pub fn headers_to_proto(headers: &HeaderMap) -> BTreeMap<String, HeaderValues> {
+    let mut out: BTreeMap<String, HeaderValues> = BTreeMap::new();
     for (name, value) in headers {
         out.entry(name.as_str().to_owned()).or_default().values.push(Bytes::copy_from_slice(value.as_bytes()));
     }
@@ -81,7 +81,7 @@ pub fn headers_to_proto(headers: &HeaderMap) -> HashMap<String, HeaderValues> {
 }
 
 /// Converts back, skipping names or values that are not valid HTTP (never panics on peer input).
-pub fn headers_from_proto(headers: &HashMap<String, HeaderValues>) -> HeaderMap {
+pub fn headers_from_proto(headers: &BTreeMap<String, HeaderValues>) -> HeaderMap {
     let mut out = HeaderMap::new();
     for (name, values) in headers {
         let Ok(name) = HeaderName::from_bytes(name.as_bytes()) else { continue };
@@ -200,8 +200,8 @@ mod proptests {
         ]
     }
 
-    fn proto_headers() -> impl Strategy<Value = HashMap<String, HeaderValues>> {
-        proptest::collection::hash_map(
+    fn proto_headers() -> impl Strategy<Value = BTreeMap<String, HeaderValues>> {
+        proptest::collection::btree_map(
             name(),
             proptest::collection::vec(value().prop_map(Bytes::from), 0..3).prop_map(|values| HeaderValues { values }),
             0..8,

@@ -6,7 +6,7 @@
 //! only [`crate::metadata::FORWARDED_METADATA`] of a caller's metadata, and agentk never forwards
 //! a caller's `Impersonate-*` headers.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
@@ -37,7 +37,7 @@ pub struct InvalidImpersonation(String);
 
 impl Impersonation {
     /// Adds this identity to a tunnel's request metadata.
-    pub fn insert_into(&self, metadata: &mut HashMap<String, MetadataValues>) {
+    pub fn insert_into(&self, metadata: &mut BTreeMap<String, MetadataValues>) {
         metadata.insert(USER.to_owned(), MetadataValues { values: vec![self.user.clone()] });
         if let Some(uid) = &self.uid {
             metadata.insert(UID.to_owned(), MetadataValues { values: vec![uid.clone()] });
@@ -52,7 +52,7 @@ impl Impersonation {
 
     /// The identity in a tunnel's request metadata: `None` when there is none (agentk acts as
     /// itself); an error when some `kas-impersonate-*` key is there without a single user name.
-    pub fn from_metadata(metadata: &HashMap<String, MetadataValues>) -> Result<Option<Self>, InvalidImpersonation> {
+    pub fn from_metadata(metadata: &BTreeMap<String, MetadataValues>) -> Result<Option<Self>, InvalidImpersonation> {
         let mut user = None;
         let mut identity = Self::default();
         for (key, values) in metadata {
@@ -143,7 +143,7 @@ mod tests {
 
     #[test]
     fn metadata_round_trip_and_headers() {
-        let mut md = HashMap::new();
+        let mut md = BTreeMap::new();
         md.insert("x-request-id".to_owned(), MetadataValues { values: vec!["r".into()] });
         assert_eq!(Impersonation::from_metadata(&md).unwrap(), None, "no keys: agentk acts as itself");
         ci_job().insert_into(&mut md);
@@ -160,7 +160,7 @@ mod tests {
 
     #[test]
     fn incomplete_metadata_is_refused() {
-        let mut md = HashMap::new();
+        let mut md = BTreeMap::new();
         md.insert(GROUP.to_owned(), MetadataValues { values: vec!["g".into()] });
         assert!(Impersonation::from_metadata(&md).unwrap_err().to_string().contains(USER));
         md.insert(USER.to_owned(), MetadataValues { values: vec!["a".into(), "b".into()] });

@@ -1,6 +1,6 @@
 //! Metadata keys and conversions between tonic metadata and tunnel metadata maps.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 
 use crate::tunnel::pb::MetadataValues;
 
@@ -26,12 +26,12 @@ pub const HOP_REUSABLE: &str = "kas-hop-reusable";
 pub const REQUEST_ID: &str = "x-request-id";
 
 /// The request id in tunnel metadata, if any.
-pub fn request_id(md: &HashMap<String, MetadataValues>) -> Option<&str> {
+pub fn request_id(md: &BTreeMap<String, MetadataValues>) -> Option<&str> {
     md.get(REQUEST_ID).and_then(|v| v.values.first()).map(String::as_str)
 }
 
 /// The request id in tunnel metadata, generated and inserted when the caller sent none.
-pub fn ensure_request_id(md: &mut HashMap<String, MetadataValues>) -> String {
+pub fn ensure_request_id(md: &mut BTreeMap<String, MetadataValues>) -> String {
     if let Some(id) = request_id(md).filter(|id| !id.is_empty()) {
         return id.to_owned();
     }
@@ -88,8 +88,8 @@ pub fn bearer_token(value: Option<&str>) -> Option<&str> {
 }
 
 /// Copies the whitelisted ASCII metadata into a tunnel metadata map.
-pub fn forwarded(md: &tonic::metadata::MetadataMap) -> HashMap<String, MetadataValues> {
-    let mut out = HashMap::new();
+pub fn forwarded(md: &tonic::metadata::MetadataMap) -> BTreeMap<String, MetadataValues> {
+    let mut out = BTreeMap::new();
     for key in FORWARDED_METADATA {
         let values: Vec<String> = md.get_all(*key).iter().filter_map(|v| v.to_str().ok().map(str::to_owned)).collect();
         if !values.is_empty() {

@@ -13,7 +13,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
 
 fn head(method: &str, path: &str, headers: &[(&str, &str)]) -> HttpRequestHead {
-    let mut map = std::collections::HashMap::new();
+    let mut map = std::collections::BTreeMap::new();
     for (k, v) in headers {
         map.entry((*k).to_owned())
             .or_insert_with(HeaderValues::default)

@@ -3,7 +3,7 @@
 //! `KasInternal.ForwardTunnel` stream to the kas that holds the agent's tunnel; callers cannot
 //! tell the difference.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -290,7 +290,7 @@ impl ClosedSignal {
 /// A response as agentk sends it back for a unary call.
 #[derive(Debug)]
 pub struct UnaryResponse {
-    pub header: HashMap<String, pb::MetadataValues>,
+    pub header: BTreeMap<String, pb::MetadataValues>,
     pub body: Bytes,
 }
 
@@ -423,7 +423,7 @@ impl TunnelIo {
     pub async fn unary(
         self,
         method: &str,
-        metadata: HashMap<String, pb::MetadataValues>,
+        metadata: BTreeMap<String, pb::MetadataValues>,
         body: Bytes,
     ) -> Result<UnaryResponse, KasError> {
         let (sender, mut receiver) = self.split();
@@ -435,7 +435,7 @@ impl TunnelIo {
                 ConnectResponse::close_send(),
             ])
             .await?;
-        let mut header = HashMap::new();
+        let mut header = BTreeMap::new();
         let mut body = None;
         loop {
             match receiver.recv().await? {

@@ -585,7 +585,7 @@ mod tests {
     use kas_proto::kubernetes_api::HeaderValues;
 
     fn head(headers: &[(&str, &str)]) -> HttpRequestHead {
-        let mut map = std::collections::HashMap::new();
+        let mut map = std::collections::BTreeMap::new();
         for (k, v) in headers {
             map.entry((*k).to_owned())
                 .or_insert_with(HeaderValues::default)
@@ -671,7 +671,7 @@ mod proptests {
     use super::*;
     use kas_proto::kubernetes_api::HeaderValues;
 
-    fn headers() -> impl Strategy<Value = std::collections::HashMap<String, HeaderValues>> {
+    fn headers() -> impl Strategy<Value = std::collections::BTreeMap<String, HeaderValues>> {
         let name = prop_oneof![
             proptest::sample::select(
                 FORWARDED_REQUEST_HEADERS
@@ -688,7 +688,7 @@ mod proptests {
             "[ -~]{0,20}".prop_map(Bytes::from),
             proptest::collection::vec(any::<u8>(), 0..8).prop_map(Bytes::from),
         ];
-        proptest::collection::hash_map(
+        proptest::collection::btree_map(
             name,
             proptest::collection::vec(value, 0..3).prop_map(|values| HeaderValues { values }),
             0..8,

@@ -2,7 +2,7 @@
 
 pub mod rest;
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -26,7 +26,7 @@ pub async fn get_pods(
     router: &Router,
     scope: Scope,
     request: GetPodsRequest,
-    mut metadata: HashMap<String, MetadataValues>,
+    mut metadata: BTreeMap<String, MetadataValues>,
     deadline: Option<Duration>,
 ) -> Result<GetPodsResponse, KasError> {
     let request_id = kas_proto::metadata::ensure_request_id(&mut metadata);

@@ -6,7 +6,7 @@
 //! Nothing here has a read or write timeout: watches and `logs -f` run until a side closes.
 //! When the caller goes away, the tunnel is dropped, which cancels the request in agentk.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -71,7 +71,7 @@ pub struct Exchange {
 pub async fn start(
     router: &Router,
     target: Target,
-    mut metadata: HashMap<String, MetadataValues>,
+    mut metadata: BTreeMap<String, MetadataValues>,
     head: RequestHead,
     deadline: Option<Duration>,
     bodiless: bool,
@@ -285,7 +285,7 @@ mod tests {
 
     #[test]
     fn caller_credentials_and_hop_headers_never_leave_kas() {
-        let mut headers = HashMap::new();
+        let mut headers = BTreeMap::new();
         for (k, v) in [
             ("authorization", "Bearer jwt"),
             ("cookie", "a=b"),
@@ -327,7 +327,7 @@ mod proptests {
         /// stay in kas (credentials, hop-by-hop and kas-hop-* headers) survives.
         #[test]
         fn sanitized_heads_keep_nothing_private(
-            headers in proptest::collection::hash_map(
+            headers in proptest::collection::btree_map(
                 prop_oneof![
                     proptest::sample::select(vec!["authorization", "Cookie", "host", "connection", "upgrade", "te", "kas-hop-agent-id", "KAS-HOP-x", "accept"]).prop_map(str::to_owned),
                     ".{0,10}",

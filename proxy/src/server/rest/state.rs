@@ -2,7 +2,7 @@
 //! Kubernetes API proxy): kept apart from `mod.rs`, which assembles those routes, so that the
 //! modules do not depend on the file that depends on them.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 
 use axum::extract::Path;
 use axum::extract::rejection::PathRejection;
@@ -50,7 +50,7 @@ pub struct RestStateParts {
 }
 
 /// The whitelisted caller headers (`FORWARDED_METADATA`) as tunnel metadata for agentk.
-pub fn forwarded_metadata(headers: &HeaderMap) -> HashMap<String, MetadataValues> {
+pub fn forwarded_metadata(headers: &HeaderMap) -> BTreeMap<String, MetadataValues> {
     kas_proto::metadata::FORWARDED_METADATA
         .iter()
         .filter_map(|key| {

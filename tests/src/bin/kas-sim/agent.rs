@@ -18,7 +18,7 @@
 //! to the same kas, while a broken connection is replaced by a new one to a kas picked at random
 //! among the live ones, as a load balancer in front of kas would.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -307,7 +307,7 @@ fn response_frames(agent_id: i64) -> [ConnectRequest; 4] {
         "{{\"kind\":\"Status\",\"apiVersion\":\"v1\",\"status\":\"Success\",\"agent\":{agent_id}}}"
     ));
     let header = |v: &str| HeaderValues { values: vec![Bytes::copy_from_slice(v.as_bytes())] };
-    let headers = HashMap::from([
+    let headers = BTreeMap::from([
         ("content-type".to_owned(), header("application/json")),
         ("content-length".to_owned(), header(&body.len().to_string())),
     ]);
