@@ -222,8 +222,7 @@ impl Drop for Lifetime {
         let finished = !*self.failed.get_mut() && !self.aborted.is_cancelled() && lock(&self.order).is_finished();
         match reuse {
             Some(Reusable::Agent(r)) if finished && !r.to_agent.is_closed() => {
-                static REUSED: crate::metrics::Registered<metrics::Counter> = crate::metrics::Registered::new();
-                REUSED.get(|| metrics::counter!(super::TUNNELS_REUSED)).increment(1);
+                metrics::counter!(super::TUNNELS_REUSED).increment(1);
                 let io = TunnelIo::new(
                     Outbound::Agent(r.to_agent.clone()),
                     rest,
