@@ -113,8 +113,8 @@ pub fn request(module: &'static str, outcome: Outcome) {
     // The proxy's counters registered once: the macro looks its key up on every call.
     static KUBERNETES_API: [OnceLock<metrics::Counter>; 4] = [const { OnceLock::new() }; 4];
     let register = || metrics::counter!(REQUESTS, "module" => module, "outcome" => outcome.label());
-    match module {
-        "kubernetes_api" => registered(&KUBERNETES_API[outcome as usize], register).increment(1),
+    match (module, KUBERNETES_API.get(outcome as usize)) {
+        ("kubernetes_api", Some(slot)) => registered(slot, register).increment(1),
         _ => register().increment(1),
     }
 }
