@@ -8,13 +8,19 @@ pub fn describe() {
     metrics::describe_counter!(PROXIED_BYTES, "Kubernetes API proxy body bytes, by direction (request, response)");
 }
 
-pub fn proxied_bytes(direction: &'static str, n: usize) {
+/// Which body `kas_proxied_bytes_total` counts (its `direction` label).
+#[derive(Debug, Clone, Copy)]
+pub enum Direction {
+    Request,
+    Response,
+}
+
+pub fn proxied_bytes(direction: Direction, n: usize) {
     static REQUEST: Registered<metrics::Counter> = Registered::new();
     static RESPONSE: Registered<metrics::Counter> = Registered::new();
-    let handle = match direction {
-        "request" => &REQUEST,
-        "response" => &RESPONSE,
-        _ => return metrics::counter!(PROXIED_BYTES, "direction" => direction).increment(n as u64),
+    let (handle, label) = match direction {
+        Direction::Request => (&REQUEST, "request"),
+        Direction::Response => (&RESPONSE, "response"),
     };
-    handle.get(|| metrics::counter!(PROXIED_BYTES, "direction" => direction)).increment(n as u64);
+    handle.get(|| metrics::counter!(PROXIED_BYTES, "direction" => label)).increment(n as u64);
 }

@@ -151,7 +151,7 @@ impl Exchange {
                             if chunk.is_empty() {
                                 continue;
                             }
-                            metrics::proxied_bytes("response", chunk.len());
+                            metrics::proxied_bytes(metrics::Direction::Response, chunk.len());
                             remaining = remaining.map(|r| r.saturating_sub(chunk.len() as u64));
                             if remaining == Some(0) {
                                 return Some((read_end(&mut receiver).await.map(|()| chunk), None));
@@ -238,7 +238,7 @@ where
             match chunk {
                 Ok(chunk) if chunk.is_empty() => continue,
                 Ok(chunk) => {
-                    metrics::proxied_bytes("request", chunk.len());
+                    metrics::proxied_bytes(metrics::Direction::Request, chunk.len());
                     // Bounded messages keep every hop's buffers bounded in bytes.
                     for piece in kas_proto::flow::split_chunk(chunk) {
                         if sender.send(ConnectResponse::message(HttpFrame::body(piece).to_bytes())).await.is_err() {
