@@ -92,6 +92,7 @@ fn endpoint(config: &AgentConfig, address: &str) -> Result<Endpoint, AgentError>
     } else {
         return Err(bad("expected grpc:// or grpcs://".into()));
     };
+    kas_proto::flow::grow_stream_windows();
     let mut ep = Endpoint::from_shared(uri)
         .map_err(|e| bad(e.to_string()))?
         .http2_keep_alive_interval(KEEPALIVE_INTERVAL)

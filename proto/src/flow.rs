@@ -7,14 +7,16 @@
 //!   window starts at [`INITIAL_RESPONSE_WINDOW`] and grows with what the reader has taken (an
 //!   eighth of it) up to [`MAX_RESPONSE_WINDOW`]: a response that is being read gets a large
 //!   window, one whose reader stopped keeps a few KiB in flight, however many share a
-//!   connection. HTTP/2 cannot do this (every stream of a connection starts from the same window
-//!   and a receiver cannot grant more than it consumed).
+//!   connection. HTTP/2 alone cannot do this (every stream of a connection starts from the same
+//!   window and a receiver grants only what was consumed).
 //! - **HTTP/2 windows**: all tunnels of an agentk connection share one HTTP/2 connection (and
 //!   all forwarded tunnels between two kas share one), so a stream whose reader stopped must
 //!   never hold the connection's window: the connection window is sized for every stream holding
-//!   its full stream window at once ([`connection_window`] = streams allowed × [`STREAM_WINDOW`],
-//!   capped at the HTTP/2 maximum). The stream window bounds what response credit does not: a
-//!   peer that ignores credit, request bodies, upgraded connections.
+//!   its full grown stream window at once ([`connection_window`] = streams allowed ×
+//!   [`GROWN_STREAM_WINDOW`], capped at the HTTP/2 maximum). A stream starts at
+//!   [`STREAM_WINDOW`] and its window grows while its reader keeps up ([`grow_stream_windows`]). The
+//!   stream window bounds what response credit does not: a peer that ignores credit, request
+//!   bodies, upgraded connections.
 //!
 //! Per stream a receiving hop also holds tonic's receive buffer (it reserves a whole message
 //! ahead and keeps its largest size for the stream's life): messages are split to the credit,
@@ -22,11 +24,27 @@
 //! 64 MiB per kas for 1,000 unread streams through two kas, is tested in
 //! `tests/backpressure.rs`; ARCHITECTURE.md ("Back-pressure") has the figures.
 
-/// HTTP/2 stream window on every tunnel hop (agentk <-> kas, kas <-> kas): the unread bytes
-/// one stream may leave in a receiver's buffer. One stream's throughput is at most window /
-/// round trip: 128 KiB kept a 200 MiB response at hyper's-default speed on loopback, where 64 KiB
-/// lost about half of it.
+/// Initial HTTP/2 stream window on every tunnel hop (agentk <-> kas, kas <-> kas): the unread
+/// bytes a stream nobody reads may leave in a receiver's buffer. One stream's throughput is at
+/// most window / round trip: 128 KiB kept a 200 MiB response at hyper's-default speed on
+/// loopback, where 64 KiB lost about half of it; a stream whose reader keeps up grows its
+/// window up to [`GROWN_STREAM_WINDOW`].
 pub const STREAM_WINDOW: u32 = 128 * 1024;
+
+/// The window a stream grows to while its reader keeps up ([`grow_stream_windows`]): the
+/// response credit's maximum, so a stream read at full speed and then stalled holds what credit
+/// already allows in flight.
+pub const GROWN_STREAM_WINDOW: u32 = 1024 * 1024;
+
+/// Lets the HTTP/2 receive window of every stream in this process grow, up to
+/// [`GROWN_STREAM_WINDOW`], each time its reader has taken everything that arrived (then the
+/// window, not the reader, limits the stream), by what was read: h2 as patched in `vendor/h2`
+/// (`KAS-PATCH.md`), a process-wide setting. A stream nobody reads, or read slower than it is
+/// sent, keeps [`STREAM_WINDOW`]. kas and agentk call it when they build their HTTP/2
+/// connections (idempotent).
+pub fn grow_stream_windows() {
+    h2::stream_window_growth::set_max(GROWN_STREAM_WINDOW);
+}
 
 /// SETTINGS_MAX_FRAME_SIZE every tunnel hop announces (HTTP/2's default is 16 KiB): a 64 KiB
 /// body message then crosses as one DATA frame instead of five (four full frames and a tail),
@@ -37,11 +55,11 @@ pub const MAX_FRAME_SIZE: u32 = STREAM_WINDOW;
 pub const MAX_WINDOW: u32 = (1 << 31) - 1;
 
 /// HTTP/2 connection window for a listener that allows `max_streams` streams per connection:
-/// every stream may hold its whole window and the connection still has room, so one stuck stream
-/// (or all but one) never stalls the others. It is a permission, not an allocation: what is
-/// buffered is bounded by the streams' windows.
+/// every stream may hold its whole (grown) window and the connection still has room, so one
+/// stuck stream (or all but one) never stalls the others. It is a permission, not an allocation:
+/// what is buffered is bounded by the streams' windows.
 pub const fn connection_window(max_streams: u32) -> u32 {
-    let window = STREAM_WINDOW as u64 * max_streams as u64;
+    let window = GROWN_STREAM_WINDOW as u64 * max_streams as u64;
     if window > MAX_WINDOW as u64 { MAX_WINDOW } else { window as u32 }
 }
 
@@ -214,9 +232,121 @@ mod tests {
 
     #[test]
     fn connection_windows_leave_room_for_every_stream() {
-        assert_eq!(connection_window(1024), 1024 * STREAM_WINDOW);
+        assert_eq!(connection_window(1024), 1024 * GROWN_STREAM_WINDOW);
         assert_eq!(connection_window(u32::MAX), MAX_WINDOW);
-        assert!(connection_window(10_000) >= 10_000u32.saturating_mul(STREAM_WINDOW).min(MAX_WINDOW));
+        assert!(connection_window(10_000) >= 10_000u32.saturating_mul(GROWN_STREAM_WINDOW).min(MAX_WINDOW));
+    }
+
+    /// Through the patched h2 (HTTP/2 over an in-memory pipe, windows as on every tunnel hop),
+    /// three streams on one connection: the window of one whose reader takes everything at once
+    /// grows to [`GROWN_STREAM_WINDOW`]; one read slower than it is sent (data always waiting)
+    /// and one nobody reads keep [`STREAM_WINDOW`].
+    #[tokio::test]
+    async fn stream_windows_grow_only_while_the_reader_keeps_up() {
+        use bytes::Bytes;
+        use futures::future::poll_fn;
+        use tokio::sync::{mpsc, oneshot};
+        const PIECE: usize = 16 * 1024;
+        const FAST_BODY: usize = 8 << 20;
+        const SLOW_READS: usize = 64;
+        // A receiver's window of a stream: capacity not yet granted plus data not yet read.
+        fn window(body: &mut h2::RecvStream) -> usize {
+            let flow = body.flow_control();
+            usize::try_from(flow.available_capacity()).unwrap() + flow.used_capacity()
+        }
+        grow_stream_windows();
+        let (client_io, server_io) = tokio::io::duplex(1 << 20);
+        // The slow stream's reader takes one piece per message and answers with its window.
+        let (read_one, read_one_rx) = mpsc::unbounded_channel::<()>();
+        let (read_done, mut read_done_rx) = mpsc::unbounded_channel::<usize>();
+        let (fast_done, fast_window) = oneshot::channel::<usize>();
+        let server = tokio::spawn(async move {
+            let mut connection = h2::server::Builder::new()
+                .initial_window_size(STREAM_WINDOW)
+                .initial_connection_window_size(connection_window(16))
+                .max_frame_size(MAX_FRAME_SIZE)
+                .handshake::<_, Bytes>(server_io)
+                .await
+                .unwrap();
+            let (mut unread, mut read_one_rx, mut fast_done) = (Vec::new(), Some(read_one_rx), Some(fast_done));
+            while let Some(accepted) = connection.accept().await {
+                let (request, respond) = accepted.unwrap();
+                let path = request.uri().path().to_owned();
+                let mut body = request.into_body();
+                match path.as_str() {
+                    "/unread" => unread.push((body, respond)),
+                    "/slow" => {
+                        let (mut read_one_rx, read_done) = (read_one_rx.take().unwrap(), read_done.clone());
+                        tokio::spawn(async move {
+                            while read_one_rx.recv().await.is_some() {
+                                let n = body.data().await.unwrap().unwrap().len();
+                                body.flow_control().release_capacity(n).unwrap();
+                                read_done.send(window(&mut body)).unwrap();
+                            }
+                        });
+                    }
+                    _ => {
+                        let fast_done = fast_done.take().unwrap();
+                        tokio::spawn(async move {
+                            let mut largest = 0;
+                            while let Some(data) = body.data().await {
+                                let n = data.unwrap().len();
+                                body.flow_control().release_capacity(n).unwrap();
+                                largest = largest.max(window(&mut body));
+                            }
+                            fast_done.send(largest).unwrap();
+                        });
+                    }
+                }
+            }
+        });
+        let (mut client, connection) =
+            h2::client::Builder::new().max_send_buffer_size(4 << 20).handshake::<_, Bytes>(client_io).await.unwrap();
+        tokio::spawn(connection);
+        // Sends `total` bytes in frames of at most `piece` as window comes.
+        async fn send(send: &mut h2::SendStream<Bytes>, total: usize, piece: usize) {
+            let mut sent = 0;
+            while sent < total {
+                send.reserve_capacity(total - sent);
+                let capacity = poll_fn(|cx| send.poll_capacity(cx)).await.unwrap().unwrap();
+                for start in (0..capacity).step_by(piece) {
+                    send.send_data(Bytes::from(vec![b'x'; piece.min(capacity - start)]), false).unwrap();
+                }
+                sent += capacity;
+            }
+        }
+        let mut open = async |path: &str| {
+            client = client.clone().ready().await.unwrap();
+            client.send_request(http::Request::post(path).body(()).unwrap(), false).unwrap().1
+        };
+        let initial = STREAM_WINDOW as usize;
+
+        let mut unread = open("/unread").await;
+        send(&mut unread, initial, PIECE).await;
+
+        // The window full, then one piece read and one sent, in turn: the reader always leaves
+        // seven or eight pieces waiting.
+        let mut slow = open("/slow").await;
+        send(&mut slow, initial, PIECE).await;
+        for _ in 0..SLOW_READS {
+            read_one.send(()).unwrap();
+            assert_eq!(read_done_rx.recv().await.unwrap(), initial, "the window of a stream read slower than sent");
+            send(&mut slow, PIECE, PIECE).await;
+        }
+
+        let mut fast = open("/fast").await;
+        send(&mut fast, FAST_BODY, MAX_CHUNK).await;
+        fast.send_data(Bytes::new(), true).unwrap();
+        assert_eq!(
+            fast_window.await.unwrap(),
+            GROWN_STREAM_WINDOW as usize,
+            "the window of a stream whose reader keeps up"
+        );
+
+        // No window came for the unread stream meanwhile.
+        unread.reserve_capacity(1);
+        assert_eq!(unread.capacity(), 0, "the unread stream's window grew");
+        server.abort();
     }
 
     #[test]

@@ -182,6 +182,7 @@ fn builder(max_concurrent_streams: u32) -> Server {
 /// api): one stream's unread bytes never hold the shared connection's window, whatever the
 /// number of streams the listener allows (`kas_proto::flow`).
 fn flow_control(server: Server, max_streams: u32) -> Server {
+    kas_proto::flow::grow_stream_windows();
     server
         .initial_stream_window_size(kas_proto::flow::STREAM_WINDOW)
         .initial_connection_window_size(kas_proto::flow::connection_window(max_streams))

@@ -130,6 +130,7 @@ pub mod client;
 pub mod ext;
 pub mod server;
 mod share;
+pub mod stream_window_growth;
 
 #[cfg(fuzzing)]
 #[cfg_attr(feature = "unstable", allow(missing_docs))]

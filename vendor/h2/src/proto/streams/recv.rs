@@ -484,6 +484,19 @@ impl Recv {
         let _res = stream.recv_flow.assign_capacity(capacity);
         debug_assert!(_res.is_ok());
 
+        // kas patch: a stream whose reader keeps up gets a larger window (`stream_window_growth`).
+        if stream.in_flight_recv_data == 0 {
+            let growth = crate::stream_window_growth::grown(
+                self.init_window_sz,
+                stream.recv_window_growth,
+                capacity,
+            );
+            let more = growth - stream.recv_window_growth;
+            if more > 0 && stream.recv_flow.assign_capacity(more).is_ok() {
+                stream.recv_window_growth = growth;
+            }
+        }
+
         if stream.recv_flow.unclaimed_capacity().is_some() {
             // Queue the stream for sending the WINDOW_UPDATE frame.
             self.pending_window_updates.push(stream);

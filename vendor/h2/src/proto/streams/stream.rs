@@ -85,6 +85,10 @@ pub(super) struct Stream {
 
     pub in_flight_recv_data: WindowSize,
 
+    /// kas patch: how far this stream's receive window has grown beyond the initial one
+    /// (`crate::stream_window_growth`).
+    pub recv_window_growth: WindowSize,
+
     /// Next node in the linked list of streams waiting to send window updates.
     pub next_window_update: Option<store::Key>,
 
@@ -184,6 +188,7 @@ impl Stream {
             is_pending_accept: false,
             recv_flow,
             in_flight_recv_data: 0,
+            recv_window_growth: 0,
             next_window_update: None,
             is_pending_window_update: false,
             reset_at: None,
