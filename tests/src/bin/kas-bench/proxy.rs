@@ -447,6 +447,12 @@ async fn big_body(t: &Target, base: &str) -> Result<f64, String> {
     Ok(total as f64 / 1e6 / started.elapsed().as_secs_f64())
 }
 
+/// BENCH_BIG_GETS=N: a round's 200 MiB figure is the median of N GETs (one by default): one
+/// transfer's MB/s varies more between runs than the small requests' rates.
+fn big_gets_per_round() -> usize {
+    std::env::var("BENCH_BIG_GETS").ok().and_then(|s| s.parse::<usize>().ok()).unwrap_or(1).max(1)
+}
+
 async fn measure_round(t: &mut Target, ticks_per_s: f64) {
     let Ok(base) = t.base.as_ref().map(Clone::clone) else { return };
     // Warm-up: 16 connections opened (and tunnels, for the peers) before anything is timed.
@@ -466,9 +472,7 @@ async fn measure_round(t: &mut Target, ticks_per_s: f64) {
         .collect();
     bad.into_iter().for_each(|b| t.note_bad(b));
 
-    // BENCH_BIG_GETS=N: the round's 200 MiB figure is the median of N GETs (one by default): one
-    // transfer's MB/s varies more between runs than the small requests' rates.
-    let gets = std::env::var("BENCH_BIG_GETS").ok().and_then(|s| s.parse::<usize>().ok()).unwrap_or(1).max(1);
+    let gets = big_gets_per_round();
     let mut each = Vec::with_capacity(gets);
     for _ in 0..gets {
         match big_body(t, &base).await {
@@ -671,6 +675,10 @@ async fn run_paths(rounds: usize, report: &mut String) -> Result<(), Unavailable
 
 fn write_paths_report(targets: &[Target], rounds: usize, report: &mut String) {
     let summaries: Vec<Option<Round>> = targets.iter().map(|t| summarize(&t.rounds)).collect();
+    let big_gets = match big_gets_per_round() {
+        1 => format!("one {} MiB GET", BIG_SIZE >> 20),
+        n => format!("the median of {n} {} MiB GETs (`BENCH_BIG_GETS`)", BIG_SIZE >> 20),
+    };
     let find = |name: &str| targets.iter().position(|t| t.name == name).and_then(|i| summaries[i].as_ref());
     let rathole = find("rathole");
     let _ = writeln!(
@@ -683,12 +691,11 @@ fn write_paths_report(targets: &[Target], rounds: usize, report: &mut String) {
          figure is the median over the rounds. Per round and path: a warm-up of {} requests on 16 \
          connections; {REQUESTS_1} sequential GETs on 1 connection (p50, p99); {REQUESTS_16} GETs on \
          {CONCURRENCY} connections (req/s, p99, and the CPU time, utime+stime from /proc/<pid>/stat, \
-         of each process of the path over this phase); one {} MiB GET (MB/s, 10^6 bytes). Peak RSS is \
+         of each process of the path over this phase); {big_gets} (MB/s, 10^6 bytes). Peak RSS is \
          VmHWM at the end of the run (the process's lifetime peak, which includes the {} MiB bodies; \
          kas A and agentk serve both kas paths). Ratios are against rathole.\n",
         BIG_SIZE >> 20,
         CONCURRENCY * 20,
-        BIG_SIZE >> 20,
         BIG_SIZE >> 20,
     );
     let _ = writeln!(
