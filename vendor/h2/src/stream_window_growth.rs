@@ -24,14 +24,9 @@ pub fn set_max(max: u32) {
     MAX.store(max.min(MAX_WINDOW_SIZE), Ordering::Relaxed);
 }
 
-/// The largest window a stream may grow to (0 when growth is off).
-pub fn max() -> u32 {
-    MAX.load(Ordering::Relaxed)
-}
-
 /// A stream's growth beyond `initial` after its reader took `read` bytes and left nothing
 /// buffered, from `growth` before.
 pub(crate) fn grown(initial: u32, growth: u32, read: u32) -> u32 {
-    let limit = max().saturating_sub(initial);
+    let limit = MAX.load(Ordering::Relaxed).saturating_sub(initial);
     growth.saturating_add(read).min(limit).max(growth)
 }
