@@ -98,6 +98,30 @@ impl ProcRef {
         let field = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
         field(11) + field(12)
     }
+
+    /// Time its threads spent runnable but not running, waiting for a CPU (the second field of
+    /// each thread's schedstat), in nanoseconds.
+    fn run_queue_wait_ns(self) -> u64 {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", self.pid)) else { return 0 };
+        tasks
+            .flatten()
+            .filter_map(|task| std::fs::read_to_string(task.path().join("schedstat")).ok())
+            .filter_map(|stat| stat.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .sum()
+    }
+}
+
+/// The machine's CPU time so far from /proc/stat, in ticks: (all, idle + iowait).
+fn machine_cpu_ticks() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()
+        .and_then(|line| line.strip_prefix("cpu "))
+        .map(|rest| rest.split_whitespace().filter_map(|f| f.parse().ok()).collect())
+        .unwrap_or_default();
+    let field = |i: usize| fields.get(i).copied().unwrap_or(0);
+    (fields.iter().sum(), field(3) + field(4))
 }
 
 fn clock_ticks_per_second() -> f64 {
@@ -359,6 +383,11 @@ struct Round {
     mbps: f64,
     /// CPU seconds per 10,000 requests of each process, over the 16-connection phase.
     cpu_per_10k: Vec<f64>,
+    /// Seconds per 10,000 requests each process's threads waited for a CPU while runnable, over
+    /// the 16-connection phase.
+    wait_per_10k: Vec<f64>,
+    /// Share of the machine's CPU time left idle over the 16-connection phase (0 to 1).
+    idle16: f64,
 }
 
 impl Target {
@@ -463,13 +492,24 @@ async fn measure_round(t: &mut Target, ticks_per_s: f64) {
     bad.into_iter().for_each(|b| t.note_bad(b));
 
     let before: Vec<u64> = t.procs.iter().map(|(_, p)| p.cpu_ticks()).collect();
+    let waited_before: Vec<u64> = t.procs.iter().map(|(_, p)| p.run_queue_wait_ns()).collect();
+    let machine_before = machine_cpu_ticks();
     let (sixteen, bad, elapsed) = small_gets(t, &base, CONCURRENCY, REQUESTS_16).await;
+    let machine_after = machine_cpu_ticks();
     let cpu_per_10k = t
         .procs
         .iter()
         .zip(&before)
         .map(|((_, p), b)| (p.cpu_ticks().saturating_sub(*b)) as f64 / ticks_per_s * 10_000.0 / REQUESTS_16 as f64)
         .collect();
+    let wait_per_10k = t
+        .procs
+        .iter()
+        .zip(&waited_before)
+        .map(|((_, p), b)| p.run_queue_wait_ns().saturating_sub(*b) as f64 / 1e9 * 10_000.0 / REQUESTS_16 as f64)
+        .collect();
+    let all = machine_after.0.saturating_sub(machine_before.0);
+    let idle16 = if all == 0 { 0.0 } else { machine_after.1.saturating_sub(machine_before.1) as f64 / all as f64 };
     bad.into_iter().for_each(|b| t.note_bad(b));
 
     let gets = big_gets_per_round();
@@ -491,6 +531,8 @@ async fn measure_round(t: &mut Target, ticks_per_s: f64) {
         p99_1: percentile(&one, 0.99),
         mbps,
         cpu_per_10k,
+        wait_per_10k,
+        idle16,
     });
 }
 
@@ -520,6 +562,8 @@ fn summarize(rounds: &[Round]) -> Option<Round> {
         p99_1: median_d(rounds.iter().map(|r| r.p99_1).collect()),
         mbps: median_f(rounds.iter().map(|r| r.mbps).collect()),
         cpu_per_10k: (0..n).map(|i| median_f(rounds.iter().map(|r| r.cpu_per_10k[i]).collect())).collect(),
+        wait_per_10k: (0..n).map(|i| median_f(rounds.iter().map(|r| r.wait_per_10k[i]).collect())).collect(),
+        idle16: median_f(rounds.iter().map(|r| r.idle16).collect()),
     })
 }
 
@@ -690,8 +734,10 @@ fn write_paths_report(targets: &[Target], rounds: usize, report: &mut String) {
          process. {rounds} interleaved rounds (round 1 measures every path, then round 2, ...); every \
          figure is the median over the rounds. Per round and path: a warm-up of {} requests on 16 \
          connections; {REQUESTS_1} sequential GETs on 1 connection (p50, p99); {REQUESTS_16} GETs on \
-         {CONCURRENCY} connections (req/s, p99, and the CPU time, utime+stime from /proc/<pid>/stat, \
-         of each process of the path over this phase); {big_gets} (MB/s, 10^6 bytes). Peak RSS is \
+         {CONCURRENCY} connections (req/s, p99, and over this phase: the CPU time of each process of \
+         the path, utime+stime from /proc/<pid>/stat; the time its threads were runnable but waited \
+         for a CPU, from each thread's schedstat; the share of the machine's CPU time left idle, from \
+         /proc/stat); {big_gets} (MB/s, 10^6 bytes). Peak RSS is \
          VmHWM at the end of the run (the process's lifetime peak, which includes the {} MiB bodies; \
          kas A and agentk serve both kas paths). Ratios are against rathole.\n",
         BIG_SIZE >> 20,
@@ -701,31 +747,36 @@ fn write_paths_report(targets: &[Target], rounds: usize, report: &mut String) {
     let _ = writeln!(
         report,
         "| path | req/s at 16 conn | × rathole | p50 at 1 conn (ms) | × rathole | p99 at 1 conn (ms) | \
-         p99 at 16 conn (ms) | 200 MiB MB/s | × rathole | CPU s per 10,000 req | peak RSS (MiB) | non-2xx |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+         p99 at 16 conn (ms) | 200 MiB MB/s | × rathole | CPU s per 10,000 req | run-queue wait s per 10,000 \
+         req | idle CPU at 16 conn | peak RSS (MiB) | non-2xx |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     );
     for (t, s) in targets.iter().zip(&summaries) {
         let s = match (&t.base, s) {
             (Err(e), _) => {
-                let _ = writeln!(report, "| {} | {e} | | | | | | | | | | |", t.name);
+                let _ = writeln!(report, "| {} | {e} | | | | | | | | | | | | |", t.name);
                 continue;
             }
             (Ok(_), None) => {
-                let _ = writeln!(report, "| {} | no rounds ran | | | | | | | | | | |", t.name);
+                let _ = writeln!(report, "| {} | no rounds ran | | | | | | | | | | | | |", t.name);
                 continue;
             }
             (Ok(_), Some(s)) => s,
         };
-        let cpu = if t.procs.is_empty() {
-            "—".to_owned()
-        } else {
-            t.procs
-                .iter()
-                .zip(&s.cpu_per_10k)
-                .map(|((role, _), c)| format!("{role} {c:.2}"))
-                .collect::<Vec<_>>()
-                .join(" + ")
+        let per_process = |figures: &[f64]| {
+            if t.procs.is_empty() {
+                "—".to_owned()
+            } else {
+                t.procs
+                    .iter()
+                    .zip(figures)
+                    .map(|((role, _), c)| format!("{role} {c:.2}"))
+                    .collect::<Vec<_>>()
+                    .join(" + ")
+            }
         };
+        let cpu = per_process(&s.cpu_per_10k);
+        let wait = per_process(&s.wait_per_10k);
         let rss = if t.procs.is_empty() {
             "—".to_owned()
         } else {
@@ -733,7 +784,7 @@ fn write_paths_report(targets: &[Target], rounds: usize, report: &mut String) {
         };
         let _ = writeln!(
             report,
-            "| {} | {:.0} | {} | {} | {} | {} | {} | {:.0} | {} | {cpu} | {rss} | {} |",
+            "| {} | {:.0} | {} | {} | {} | {} | {} | {:.0} | {} | {cpu} | {wait} | {:.0} % | {rss} | {} |",
             t.name,
             s.rps16,
             ratio(s.rps16, rathole.map(|r| r.rps16)),
@@ -743,6 +794,7 @@ fn write_paths_report(targets: &[Target], rounds: usize, report: &mut String) {
             ms(s.p99_16),
             s.mbps,
             ratio(s.mbps, rathole.map(|r| r.mbps)),
+            s.idle16 * 100.0,
             t.bad
         );
     }
