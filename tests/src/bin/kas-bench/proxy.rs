@@ -478,6 +478,12 @@ async fn big_body(t: &Target, base: &str) -> Result<f64, String> {
 
 /// BENCH_BIG_GETS=N: a round's 200 MiB figure is the median of N GETs (one by default): one
 /// transfer's MB/s varies more between runs than the small requests' rates.
+/// GETs per round on 16 connections: `BENCH_REQUESTS_16`, else [`REQUESTS_16`] (about half a
+/// second on this machine; more make each round's figures steadier and the run longer).
+fn requests_16() -> usize {
+    std::env::var("BENCH_REQUESTS_16").ok().and_then(|s| s.parse::<usize>().ok()).unwrap_or(REQUESTS_16).max(1)
+}
+
 fn big_gets_per_round() -> usize {
     std::env::var("BENCH_BIG_GETS").ok().and_then(|s| s.parse::<usize>().ok()).unwrap_or(1).max(1)
 }
@@ -494,19 +500,20 @@ async fn measure_round(t: &mut Target, ticks_per_s: f64) {
     let before: Vec<u64> = t.procs.iter().map(|(_, p)| p.cpu_ticks()).collect();
     let waited_before: Vec<u64> = t.procs.iter().map(|(_, p)| p.run_queue_wait_ns()).collect();
     let machine_before = machine_cpu_ticks();
-    let (sixteen, bad, elapsed) = small_gets(t, &base, CONCURRENCY, REQUESTS_16).await;
+    let requests = requests_16();
+    let (sixteen, bad, elapsed) = small_gets(t, &base, CONCURRENCY, requests).await;
     let machine_after = machine_cpu_ticks();
     let cpu_per_10k = t
         .procs
         .iter()
         .zip(&before)
-        .map(|((_, p), b)| (p.cpu_ticks().saturating_sub(*b)) as f64 / ticks_per_s * 10_000.0 / REQUESTS_16 as f64)
+        .map(|((_, p), b)| (p.cpu_ticks().saturating_sub(*b)) as f64 / ticks_per_s * 10_000.0 / requests as f64)
         .collect();
     let wait_per_10k = t
         .procs
         .iter()
         .zip(&waited_before)
-        .map(|((_, p), b)| p.run_queue_wait_ns().saturating_sub(*b) as f64 / 1e9 * 10_000.0 / REQUESTS_16 as f64)
+        .map(|((_, p), b)| p.run_queue_wait_ns().saturating_sub(*b) as f64 / 1e9 * 10_000.0 / requests as f64)
         .collect();
     let all = machine_after.0.saturating_sub(machine_before.0);
     let idle16 = if all == 0 { 0.0 } else { machine_after.1.saturating_sub(machine_before.1) as f64 / all as f64 };
@@ -695,7 +702,7 @@ async fn run_paths(rounds: usize, report: &mut String) -> Result<(), Unavailable
                 if big {
                     let _ = big_body(t, base).await;
                 } else {
-                    small_gets(t, base, conns.max(1), REQUESTS_16).await;
+                    small_gets(t, base, conns.max(1), requests_16()).await;
                 }
             }
         }
@@ -733,7 +740,7 @@ fn write_paths_report(targets: &[Target], rounds: usize, report: &mut String) {
          are real processes on loopback; the load generator is reqwest (HTTP/1.1, keep-alive) in this \
          process. {rounds} interleaved rounds (round 1 measures every path, then round 2, ...); every \
          figure is the median over the rounds. Per round and path: a warm-up of {} requests on 16 \
-         connections; {REQUESTS_1} sequential GETs on 1 connection (p50, p99); {REQUESTS_16} GETs on \
+         connections; {REQUESTS_1} sequential GETs on 1 connection (p50, p99); {} GETs on \
          {CONCURRENCY} connections (req/s, p99, and over this phase: the CPU time of each process of \
          the path, utime+stime from /proc/<pid>/stat; the time its threads were runnable but waited \
          for a CPU, from each thread's schedstat; the share of the machine's CPU time left idle, from \
@@ -742,6 +749,7 @@ fn write_paths_report(targets: &[Target], rounds: usize, report: &mut String) {
          kas A and agentk serve both kas paths). Ratios are against rathole.\n",
         BIG_SIZE >> 20,
         CONCURRENCY * 20,
+        requests_16(),
         BIG_SIZE >> 20,
     );
     let _ = writeln!(
