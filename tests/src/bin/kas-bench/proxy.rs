@@ -476,14 +476,14 @@ async fn big_body(t: &Target, base: &str) -> Result<f64, String> {
     Ok(total as f64 / 1e6 / started.elapsed().as_secs_f64())
 }
 
-/// BENCH_BIG_GETS=N: a round's 200 MiB figure is the median of N GETs (one by default): one
-/// transfer's MB/s varies more between runs than the small requests' rates.
 /// GETs per round on 16 connections: `BENCH_REQUESTS_16`, else [`REQUESTS_16`] (about half a
-/// second on this machine; more make each round's figures steadier and the run longer).
+/// second on this machine).
 fn requests_16() -> usize {
     std::env::var("BENCH_REQUESTS_16").ok().and_then(|s| s.parse::<usize>().ok()).unwrap_or(REQUESTS_16).max(1)
 }
 
+/// BENCH_BIG_GETS=N: a round's 200 MiB figure is the median of N GETs (one by default): one
+/// transfer's MB/s varies more between runs than the small requests' rates.
 fn big_gets_per_round() -> usize {
     std::env::var("BENCH_BIG_GETS").ok().and_then(|s| s.parse::<usize>().ok()).unwrap_or(1).max(1)
 }
