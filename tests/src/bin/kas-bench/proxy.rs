@@ -111,14 +111,15 @@ impl ProcRef {
     }
 }
 
-/// The machine's CPU time so far from /proc/stat, in ticks: (all, idle + iowait).
+/// The machine's CPU time so far from /proc/stat, in ticks: (all, idle + iowait). All is the first
+/// eight fields (user to steal): guest time is already counted in user time.
 fn machine_cpu_ticks() -> (u64, u64) {
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
     let fields: Vec<u64> = stat
         .lines()
         .next()
         .and_then(|line| line.strip_prefix("cpu "))
-        .map(|rest| rest.split_whitespace().filter_map(|f| f.parse().ok()).collect())
+        .map(|rest| rest.split_whitespace().take(8).filter_map(|f| f.parse().ok()).collect())
         .unwrap_or_default();
     let field = |i: usize| fields.get(i).copied().unwrap_or(0);
     (fields.iter().sum(), field(3) + field(4))
