@@ -498,24 +498,21 @@ async fn measure_round(t: &mut Target, ticks_per_s: f64) {
     let (one, bad, _) = small_gets(t, &base, 1, REQUESTS_1).await;
     bad.into_iter().for_each(|b| t.note_bad(b));
 
-    let before: Vec<u64> = t.procs.iter().map(|(_, p)| p.cpu_ticks()).collect();
-    let waited_before: Vec<u64> = t.procs.iter().map(|(_, p)| p.run_queue_wait_ns()).collect();
+    // Per process: CPU time (s) and run-queue wait (s) so far.
+    let spent = |t: &Target| -> Vec<(f64, f64)> {
+        t.procs.iter().map(|(_, p)| (p.cpu_ticks() as f64 / ticks_per_s, p.run_queue_wait_ns() as f64 / 1e9)).collect()
+    };
+    let before = spent(t);
     let machine_before = machine_cpu_ticks();
     let requests = requests_16();
     let (sixteen, bad, elapsed) = small_gets(t, &base, CONCURRENCY, requests).await;
     let machine_after = machine_cpu_ticks();
-    let cpu_per_10k = t
-        .procs
-        .iter()
-        .zip(&before)
-        .map(|((_, p), b)| (p.cpu_ticks().saturating_sub(*b)) as f64 / ticks_per_s * 10_000.0 / requests as f64)
-        .collect();
-    let wait_per_10k = t
-        .procs
-        .iter()
-        .zip(&waited_before)
-        .map(|((_, p), b)| p.run_queue_wait_ns().saturating_sub(*b) as f64 / 1e9 * 10_000.0 / requests as f64)
-        .collect();
+    let per_10k = |seconds: f64| seconds.max(0.0) * 10_000.0 / requests as f64;
+    let (cpu_per_10k, wait_per_10k): (Vec<f64>, Vec<f64>) = spent(t)
+        .into_iter()
+        .zip(before)
+        .map(|((cpu, wait), (cpu0, wait0))| (per_10k(cpu - cpu0), per_10k(wait - wait0)))
+        .unzip();
     let all = machine_after.0.saturating_sub(machine_before.0);
     let idle16 = if all == 0 { 0.0 } else { machine_after.1.saturating_sub(machine_before.1) as f64 / all as f64 };
     bad.into_iter().for_each(|b| t.note_bad(b));
