@@ -142,6 +142,7 @@ for values in "${value_files[@]}"; do
       [[ $(container_field "$rendered" pod.topologySpreadConstraints.0.topologyKey) == '"kubernetes.io/hostname"' ]] ||
         die "topology spread"
       expect_contains "default args" "$args" '"--observability-address=0.0.0.0:8080"'
+      expect_contains "default args" "$args" '"--data-plane-scheduling=batch"'
       grep -q 'resources: \["leases"\]' "$rendered" || die "default: no Role for the GitOps lease"
       grep -q 'verbs: \["get", "create", "update"\]' "$rendered" || die "default: GitOps lease verbs"
       ;;
@@ -168,6 +169,7 @@ for values in "${value_files[@]}"; do
       expect_kinds "$rendered" "ClusterRole/gitlab-agent-agentk ClusterRoleBinding/gitlab-agent-agentk ClusterRoleBinding/gitlab-agent-agentk-cluster-admin Deployment/agentk Role/agentk-gitops-lease RoleBinding/agentk-gitops-lease Secret/agentk-token ServiceAccount/agentk"
       [[ $(container_field "$rendered" pod.terminationGracePeriodSeconds) == 60 ]] || die "tuned termination grace"
       expect_contains "tuned args" "$args" '"--grace-period=45s"'
+      expect_contains "tuned args" "$args" '"--data-plane-scheduling=normal"'
       grep -q 'verbs: \["impersonate"\]' "$rendered" || die "tuned: rbac.impersonate did not grant impersonate"
       grep -q 'userextras/\*' "$rendered" || die "tuned: rbac.impersonate did not grant user extras"
       ;;
@@ -198,6 +200,7 @@ expect_failure "must not exceed config.maxTunnels" "${base[@]}" --set config.min
 expect_failure "networkPolicy.kas.to is required" "${base[@]}" --set networkPolicy.enabled=true
 expect_failure "serviceAccount.name is required" "${base[@]}" --set serviceAccount.create=false
 expect_failure "Additional property replicas is not allowed" "${base[@]}" --set replicas=3
+expect_failure "dataPlaneScheduling" "${base[@]}" --set config.dataPlaneScheduling=fifo
 expect_failure "chart requires kubeVersion" "${base[@]}" --kube-version 1.24.0
 
 echo "== NOTES.txt"

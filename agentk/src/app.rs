@@ -129,7 +129,7 @@ impl App {
         if token.is_empty() {
             return Err(AgentError::EmptyToken(config.token_file.display().to_string()));
         }
-        let data_plane = DataPlane::start().map_err(AgentError::DataPlane)?;
+        let data_plane = DataPlane::start(config.data_plane_scheduling).map_err(AgentError::DataPlane)?;
         let channels = {
             // A channel's connection task is spawned where it is created: on the data plane.
             let _data_plane = data_plane.handle().enter();

@@ -19,7 +19,7 @@
 
 use std::io;
 
-use kas_proto::runtime_thread::RuntimeThread;
+use kas_proto::runtime_thread::{RuntimeThread, Scheduling};
 use tokio::runtime::Handle;
 
 /// The thread's name (as `ps -T` and profilers show it).
@@ -32,8 +32,8 @@ pub struct DataPlane {
 }
 
 impl DataPlane {
-    pub fn start() -> io::Result<Self> {
-        Ok(Self { thread: RuntimeThread::start(THREAD_NAME.to_owned())? })
+    pub fn start(scheduling: Scheduling) -> io::Result<Self> {
+        Ok(Self { thread: RuntimeThread::start(THREAD_NAME.to_owned(), scheduling)? })
     }
 
     /// Where the tunnels' tasks go: `spawn` on it, or `enter` it while creating something
@@ -51,7 +51,7 @@ mod tests {
 
     #[tokio::test]
     async fn tasks_run_on_the_named_thread_and_end_when_it_stops() {
-        let plane = DataPlane::start().unwrap();
+        let plane = DataPlane::start(Scheduling::Normal).unwrap();
         let name = plane.handle().spawn(async { std::thread::current().name().map(str::to_owned) });
         assert_eq!(name.await.unwrap().as_deref(), Some(THREAD_NAME));
         // What a task spawned from a data-plane task (a tunnel from the pool) runs on too.

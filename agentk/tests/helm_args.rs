@@ -255,6 +255,7 @@ fn chart_defaults_match_agentk_defaults() {
     assert_eq!(config.min_idle_tunnels, DEFAULT_MIN_IDLE_TUNNELS);
     assert_eq!(config.max_tunnels, DEFAULT_MAX_TUNNELS);
     assert_eq!(config.grace_period, DEFAULT_GRACE_PERIOD);
+    assert_eq!(config.data_plane_scheduling, kas_proto::runtime_thread::Scheduling::default());
     assert_eq!(r.pod["terminationGracePeriodSeconds"].as_u64(), Some(DEFAULT_GRACE_PERIOD.as_secs() + 10));
     let deployment = docs.iter().find(|d| str_at(d, &["kind"]) == Some("Deployment")).unwrap();
     assert_eq!(deployment["spec"]["replicas"].as_u64(), Some(2), "several replicas per agent by default");

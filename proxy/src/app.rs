@@ -467,7 +467,9 @@ impl Bound {
             tls,
         } = self;
         let tls_listeners = tls.listeners();
-        let data_plane = DataPlane::start(config.connections.data_plane_threads).map_err(AppError::DataPlane)?;
+        let data_plane =
+            DataPlane::start(config.connections.data_plane_threads, config.connections.data_plane_scheduling)
+                .map_err(AppError::DataPlane)?;
         // Stops the tunnel registry and maintenance after the external listeners drained.
         let background = CancellationToken::new();
         let tunnels = TunnelRegistry::spawn(background.clone(), config.agent_connections.idle_tunnel_timeout);

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use kas_proto::runtime_thread::Scheduling;
 use serde::{Deserialize, Serialize};
 
 /// Default listener addresses: loopback, so a kas started without configuration exposes nothing.
@@ -270,6 +271,11 @@ pub struct ConnectionsConfig {
     /// connection on one of them (`server::data_plane`); 0 serves them on kas's multi-threaded
     /// runtime, beside everything else.
     pub data_plane_threads: usize,
+    /// How Linux schedules the data plane threads: `batch` (`SCHED_BATCH`: a woken thread does
+    /// not preempt the one running on its CPU; fewer context switches per request) or `normal`
+    /// (as kas was started); nothing to schedule with `data_plane_threads: 0`. See
+    /// `kas_proto::runtime_thread::Scheduling`.
+    pub data_plane_scheduling: Scheduling,
 }
 
 /// One thread: the lowest CPU per proxied request (issue 14); more for more than a core of
@@ -285,6 +291,7 @@ impl Default for ConnectionsConfig {
             max_per_listener: None,
             max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
             data_plane_threads: DEFAULT_DATA_PLANE_THREADS,
+            data_plane_scheduling: Scheduling::default(),
         }
     }
 }
@@ -785,6 +792,11 @@ mod tests {
         assert!(e.contains("connections.data_plane_threads") && e.contains("at most 256"), "{e}");
         c.connections.data_plane_threads = 0;
         c.validate().unwrap();
+        assert_eq!(c.connections.data_plane_scheduling, Scheduling::Batch);
+        let c = Config::parse("connections:\n  data_plane_scheduling: normal\n").unwrap();
+        assert_eq!(c.connections.data_plane_scheduling, Scheduling::Normal);
+        let e = Config::parse("connections:\n  data_plane_scheduling: fifo\n").unwrap_err();
+        assert!(e.contains("unknown variant `fifo`") && e.contains("batch") && e.contains("normal"), "{e}");
     }
 
     /// Found by `proptests::arbitrary_durations`: `300000000000y` parses (it fits a u64 of

@@ -498,7 +498,11 @@ mod tests {
     /// even when first asked for elsewhere.
     #[tokio::test]
     async fn peer_channels_run_on_the_given_runtime() {
-        let thread = kas_proto::runtime_thread::RuntimeThread::start("peers-test".into()).unwrap();
+        let thread = kas_proto::runtime_thread::RuntimeThread::start(
+            "peers-test".into(),
+            kas_proto::runtime_thread::Scheduling::Normal,
+        )
+        .unwrap();
         let peers = Peers::new(Secret::generate()).with_runtime(Some(thread.handle().clone()));
         assert_eq!(thread.handle().metrics().num_alive_tasks(), 0);
         // Asked for on this test's runtime (as the cluster state hub would).

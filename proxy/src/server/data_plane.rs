@@ -28,7 +28,7 @@ use std::task::{Context, Poll};
 
 use axum::extract::Request;
 use axum::response::Response;
-use kas_proto::runtime_thread::RuntimeThread;
+use kas_proto::runtime_thread::{RuntimeThread, Scheduling};
 use tokio::net::TcpStream;
 use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
@@ -50,13 +50,15 @@ struct Threads {
 }
 
 impl DataPlane {
-    /// Starts `threads` threads; with 0, everything stays on the calling runtime.
-    pub fn start(threads: usize) -> io::Result<Self> {
+    /// Starts `threads` threads scheduled as `scheduling` says; with 0, everything stays on the
+    /// calling runtime.
+    pub fn start(threads: usize, scheduling: Scheduling) -> io::Result<Self> {
         if threads == 0 {
             return Ok(Self::disabled());
         }
-        let threads =
-            (0..threads).map(|i| RuntimeThread::start(format!("{THREAD_NAME}-{i}"))).collect::<io::Result<Vec<_>>>()?;
+        let threads = (0..threads)
+            .map(|i| RuntimeThread::start(format!("{THREAD_NAME}-{i}"), scheduling))
+            .collect::<io::Result<Vec<_>>>()?;
         Ok(Self { inner: Some(Arc::new(Threads { threads, next: AtomicUsize::new(0) })) })
     }
 
@@ -239,7 +241,7 @@ mod tests {
 
     #[tokio::test]
     async fn connections_take_the_threads_in_turn_and_end_with_them() {
-        let plane = DataPlane::start(2).unwrap();
+        let plane = DataPlane::start(2, Scheduling::Normal).unwrap();
         assert!(plane.is_enabled());
         let mut names = Vec::new();
         for _ in 0..4 {
@@ -261,7 +263,7 @@ mod tests {
 
     #[tokio::test]
     async fn disabled_keeps_tasks_on_the_current_runtime() {
-        let plane = DataPlane::start(0).unwrap();
+        let plane = DataPlane::start(0, Scheduling::Normal).unwrap();
         assert!(!plane.is_enabled());
         assert!(plane.handles().is_empty());
         let here = thread_name();
@@ -272,7 +274,7 @@ mod tests {
     async fn run_on_produces_a_streamed_body_and_its_trailers_on_the_given_runtime() {
         use http_body_util::BodyExt;
 
-        let plane = DataPlane::start(1).unwrap();
+        let plane = DataPlane::start(1, Scheduling::Normal).unwrap();
         let main = Handle::current();
         // Each chunk says where it was produced (a stream of unknown length, like SSE or a gRPC
         // response), and the body ends with trailers (as gRPC's `grpc-status`).
@@ -326,7 +328,7 @@ mod tests {
         use kas_proto::gitops::gitops_status_client::GitopsStatusClient;
         use kas_proto::gitops::gitops_status_server::GitopsStatusServer;
 
-        let plane = DataPlane::start(1).unwrap();
+        let plane = DataPlane::start(1, Scheduling::Normal).unwrap();
         let mut features = tonic::service::RoutesBuilder::default();
         features.add_service(GitopsStatusServer::new(WhereItRan));
         let routes = grpc_routes(features, Some(&Handle::current()));

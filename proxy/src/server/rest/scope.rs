@@ -149,7 +149,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_route_run_off_the_data_plane_keeps_the_request_id() {
-        let plane = crate::server::data_plane::DataPlane::start(1).unwrap();
+        let plane =
+            crate::server::data_plane::DataPlane::start(1, kas_proto::runtime_thread::Scheduling::Normal).unwrap();
         let main = tokio::runtime::Handle::current();
         let handler = tower::service_fn(|_request: Request| async {
             let id = REQUEST_ID.try_with(Clone::clone).unwrap_or_default();
