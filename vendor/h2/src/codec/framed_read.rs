@@ -26,6 +26,74 @@ pub struct FramedRead<T> {
     inner: InnerFramedRead<T, LengthDelimitedCodec>,
 
     decoder: FrameDecoder,
+
+    /// kas patch: see `ReadRoom`.
+    room: ReadRoom,
+}
+
+/// kas patch: the room a read into the (small at first) read buffer gets. tokio-util reads
+/// only into the room the buffer has left, and the length-delimited codec grows it to the
+/// frame being read, so a 1 KiB buffer took one `recvfrom` per frame of a few hundred bytes
+/// even when the socket held dozens. Before every read the buffer gets `room` bytes free; the
+/// room doubles while reads fill it (up to `MAX_READ_ROOM`) and halves while they use under a
+/// quarter of it (down to the initial capacity); an empty buffer much larger than the room is
+/// given back, so a connection that goes quiet returns to a small buffer.
+#[derive(Debug)]
+struct ReadRoom {
+    room: usize,
+    /// The free space and the bytes buffered when the last read was prepared (0: none yet),
+    /// and the bytes of the frames decoded since.
+    had: usize,
+    buffered: usize,
+    used: usize,
+}
+
+/// kas patch: the most room a read gets (hyper's HTTP/1 read buffer's maximum size class).
+const MAX_READ_ROOM: usize = 64 * 1_024;
+
+impl ReadRoom {
+    fn new(initial: usize) -> Self {
+        ReadRoom {
+            room: initial.max(1),
+            had: 0,
+            buffered: 0,
+            used: 0,
+        }
+    }
+
+    /// Called with the read buffer before every poll of the inner reader.
+    fn before_read(&mut self, buf: &mut BytesMut, min: usize) {
+        if holds_frame(buf) {
+            // The poll decodes it without reading.
+            return;
+        }
+        // What arrived since the last read was prepared (0 when that poll found nothing to
+        // read and returned pending: no change then).
+        let read = (buf.len() + self.used).saturating_sub(self.buffered);
+        if self.had > 0 && read > 0 {
+            if read >= self.had {
+                self.room = (self.room * 2).min(MAX_READ_ROOM);
+            } else if read * 4 <= self.room {
+                self.room = (self.room / 2).max(min);
+            }
+        }
+        if buf.is_empty() && buf.capacity() > 4 * self.room {
+            *buf = BytesMut::with_capacity(self.room);
+        } else if buf.capacity() - buf.len() < self.room {
+            buf.reserve(self.room);
+        }
+        self.had = buf.capacity() - buf.len();
+        self.buffered = buf.len();
+        self.used = 0;
+    }
+}
+
+/// kas patch: whether `buf` starts with a whole frame (3-byte length, 9-byte header).
+fn holds_frame(buf: &[u8]) -> bool {
+    buf.len() >= frame::HEADER_LEN
+        && buf.len()
+            >= frame::HEADER_LEN
+                + ((buf[0] as usize) << 16 | (buf[1] as usize) << 8 | buf[2] as usize)
 }
 
 #[derive(Debug)]
@@ -61,7 +129,12 @@ enum Continuable {
 impl<T> FramedRead<T> {
     pub fn new(inner: InnerFramedRead<T, LengthDelimitedCodec>) -> FramedRead<T> {
         let decoder = FrameDecoder::new(inner.decoder().max_frame_length());
-        FramedRead { inner, decoder }
+        let room = ReadRoom::new(inner.read_buffer().capacity());
+        FramedRead {
+            inner,
+            decoder,
+            room,
+        }
     }
 
     pub fn get_ref(&self) -> &T {
@@ -419,13 +492,18 @@ where
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let span = tracing::trace_span!("FramedRead::poll_next");
         let _e = span.enter();
+        let min_room = super::INITIAL_READ_CAPACITY;
         loop {
             tracing::trace!("poll");
+            let this = &mut *self;
+            this.room
+                .before_read(this.inner.read_buffer_mut(), min_room);
             let bytes = match ready!(Pin::new(&mut self.inner).poll_next(cx)) {
                 Some(Ok(bytes)) => bytes,
                 Some(Err(e)) => return Poll::Ready(Some(Err(map_err(e)))),
                 None => return Poll::Ready(None),
             };
+            self.room.used += bytes.len();
 
             tracing::trace!(read.bytes = bytes.len());
             if let Some(frame) = self.decoder.decode(bytes)? {

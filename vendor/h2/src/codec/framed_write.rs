@@ -63,7 +63,19 @@ enum Next<B> {
 /// Chain payloads bigger than this when vectored I/O is enabled. The remote
 /// will never advertise a max frame size less than this (well, the spec says
 /// the max frame size can't be less than 16kb, so not even close).
-const CHAIN_THRESHOLD: usize = 256;
+// kas patch: 4 KiB instead of 256 bytes. A chained payload ends the batch (`has_capacity` is
+// false until it is written), so with 256 every HTTP/2 DATA frame of a few hundred bytes (a
+// proxied request or response) was written with its own `writev`; copying payloads up to
+// 4 KiB into the buffer lets one `writev` carry the frames of many streams.
+const CHAIN_THRESHOLD: usize = 4 * 1_024;
+
+/// kas patch: the buffer starts small (memory per idle connection) but frames are buffered
+/// up to this much before a write, as with h2's own 16 KiB initial buffer: the check against
+/// the small buffer's capacity wrote every frame on its own.
+const WRITE_BATCH: usize = 16 * 1_024;
+
+/// kas patch: the write buffer's initial capacity (a few control frames).
+const INITIAL_WRITE_CAPACITY: usize = 256 + frame::HEADER_LEN;
 
 /// Chain payloads bigger than this when vectored I/O is **not** enabled.
 /// A larger value in this scenario will reduce the number of small and
@@ -87,10 +99,10 @@ where
             final_flush_done: false,
             encoder: Encoder {
                 hpack: hpack::Encoder::default(),
-                // kas patch: start at the smallest buffer `has_capacity` accepts instead of
-                // 16 KiB; BytesMut grows on demand (HEADERS frames included), so only
-                // connections that write a lot pay for a large buffer.
-                buf: Cursor::new(BytesMut::with_capacity(chain_threshold + frame::HEADER_LEN)),
+                // kas patch: start small instead of 16 KiB; BytesMut grows on demand (HEADERS
+                // frames included) and `has_capacity` counts WRITE_BATCH, so only connections
+                // that write a lot pay for a large buffer.
+                buf: Cursor::new(BytesMut::with_capacity(INITIAL_WRITE_CAPACITY)),
                 next: None,
                 last_data_frame: None,
                 max_frame_size: frame::DEFAULT_MAX_FRAME_SIZE,
@@ -304,9 +316,10 @@ where
     }
 
     fn has_capacity(&self) -> bool {
+        // kas patch: against WRITE_BATCH, not the (small, growing) capacity; BytesMut grows.
+        let buf = self.buf.get_ref();
         self.next.is_none()
-            && (self.buf.get_ref().capacity() - self.buf.get_ref().len()
-                >= self.min_buffer_capacity)
+            && (buf.capacity().max(WRITE_BATCH) - buf.len() >= self.min_buffer_capacity)
     }
 
     fn is_empty(&self) -> bool {
