@@ -82,10 +82,10 @@ impl Drop for RuntimeThread {
 /// the CPU over); it is otherwise scheduled as `SCHED_OTHER`, at the same nice level. Measured
 /// with kas-bench and in held load (docs/benchmarks.md, issue 14's eleventh part): a third
 /// fewer context switches per request, about 8 % less CPU per request, 5-9 % more requests a
-/// second, and a ~14 % lower p50 through two kas. The cost: when every CPU is busy with other work, a woken
-/// data plane thread waits for the running thread's turn to end (at most a scheduler slice,
-/// a few milliseconds) instead of taking the CPU at once. `normal` leaves the thread as the
-/// process started it.
+/// second, and a ~14 % lower p50 through two kas. The cost: when every CPU is busy with other
+/// work, a woken data plane thread waits for the running thread's turn to end (at most a
+/// scheduler slice, a few milliseconds) instead of taking the CPU at once. `normal` leaves the
+/// thread as the process started it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Scheduling {

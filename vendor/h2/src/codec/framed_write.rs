@@ -69,6 +69,10 @@ enum Next<B> {
 // 4 KiB into the buffer lets one `writev` carry the frames of many streams.
 const CHAIN_THRESHOLD: usize = 4 * 1_024;
 
+/// kas patch: h2's own (vectored) chain threshold, kept for how much of a chained payload is
+/// copied after its frame head.
+const CHAIN_FILL: usize = 256;
+
 /// kas patch: the buffer starts small (memory per idle connection) but frames are buffered
 /// up to this much before a write, as with h2's own 16 KiB initial buffer: the check against
 /// the small buffer's capacity wrote every frame on its own.
@@ -252,8 +256,12 @@ where
                     // Encode the frame head to the buffer
                     head.encode(len, self.buf.get_mut());
 
-                    if self.buf.get_ref().remaining() < self.chain_threshold {
-                        let extra_bytes = self.chain_threshold - self.buf.remaining();
+                    // kas patch: the head of a chained payload is copied up to CHAIN_FILL
+                    // bytes as before, not up to the raised threshold (a 16 KiB body frame
+                    // would otherwise be copied a quarter over).
+                    let fill = self.chain_threshold.min(CHAIN_FILL);
+                    if self.buf.get_ref().remaining() < fill {
+                        let extra_bytes = fill - self.buf.remaining();
                         self.buf.get_mut().put(v.payload_mut().take(extra_bytes));
                     }
 
