@@ -99,7 +99,7 @@ pub enum Scheduling {
 impl Scheduling {
     /// Sets the calling thread's policy (threads it starts afterwards inherit it). Allowed
     /// without privileges: `SCHED_BATCH` at static priority 0, the nice level unchanged.
-    pub fn apply_to_current_thread(self) -> io::Result<()> {
+    fn apply_to_current_thread(self) -> io::Result<()> {
         match self {
             Self::Batch => set_current_thread_batch(),
             Self::Normal => Ok(()),
@@ -141,41 +141,8 @@ impl FromStr for Scheduling {
 mod tests {
     use super::*;
 
-    /// The scheduling policy in a thread's `/proc` `stat` (field 41: 0 is `SCHED_OTHER`, 3
-    /// `SCHED_BATCH`).
-    fn policy_in(stat: &str) -> u32 {
-        // The fields after the command (in parentheses, which may hold spaces) start at 3.
-        let after = &stat[stat.rfind(')').unwrap() + 2..];
-        after.split(' ').nth(41 - 3).unwrap().parse().unwrap()
-    }
-
-    /// The policy of this process's thread called `name`, as the kernel reports it.
-    fn policy_of(name: &str) -> u32 {
-        for task in std::fs::read_dir("/proc/self/task").unwrap() {
-            let dir = task.unwrap().path();
-            if std::fs::read_to_string(dir.join("comm")).unwrap().trim() == name {
-                return policy_in(&std::fs::read_to_string(dir.join("stat")).unwrap());
-            }
-        }
-        panic!("no thread named {name}");
-    }
-
-    #[test]
-    fn a_batch_thread_is_sched_batch_and_a_normal_one_keeps_the_process_policy() {
-        let batch = RuntimeThread::start("rt-test-batch".to_owned(), Scheduling::Batch).unwrap();
-        let normal = RuntimeThread::start("rt-test-normal".to_owned(), Scheduling::Normal).unwrap();
-        // The thread sets its policy before it hands out its runtime: set by now.
-        assert_eq!(policy_of("rt-test-batch"), libc::SCHED_BATCH as u32);
-        // The thread that started it: the test's, as the process was started.
-        let own = policy_in(&std::fs::read_to_string("/proc/thread-self/stat").unwrap());
-        assert_ne!(own, libc::SCHED_BATCH as u32, "run the tests under SCHED_OTHER");
-        assert_eq!(policy_of("rt-test-normal"), own);
-        // Tasks spawned on it run there, under that policy.
-        let spawned = batch.handle().spawn(async { std::thread::current().name().map(str::to_owned) });
-        let name = futures::executor::block_on(spawned).unwrap();
-        assert_eq!(name.as_deref(), Some("rt-test-batch"));
-        drop((batch, normal));
-    }
+    // How the threads are scheduled is tested against /proc in the e2e crate
+    // (`tests/tests/scheduling.rs`), with the real binaries.
 
     #[test]
     fn scheduling_parses_its_two_names_and_refuses_others() {

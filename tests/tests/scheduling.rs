@@ -9,11 +9,18 @@ use std::path::Path;
 
 use kas_e2e::FakeKube;
 use kas_e2e::process::{self, start_agentk_with_args, start_kas_standalone, start_kas_with_config};
-use kas_proto::runtime_thread::Scheduling;
+use kas_proto::runtime_thread::{RuntimeThread, Scheduling};
 
 /// `SCHED_OTHER` and `SCHED_BATCH` in `/proc/<pid>/task/<tid>/stat` (field 41).
 const SCHED_OTHER: u32 = 0;
 const SCHED_BATCH: u32 = 3;
+
+/// The scheduling policy in a thread's `/proc` `stat` (field 41).
+fn policy_in(stat: &str) -> u32 {
+    // The fields after the command (in parentheses, which may hold spaces) start at 3.
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    after.split(' ').nth(41 - 3).unwrap().parse().unwrap()
+}
 
 /// The scheduling policy of each of `pid`'s threads, by thread name (the names' policies, in
 /// order: a name several threads share, such as tokio's workers, lists each).
@@ -27,10 +34,7 @@ fn policies(pid: u32) -> BTreeMap<String, Vec<u32>> {
         else {
             continue;
         };
-        // The fields after the command (in parentheses, which may hold spaces) start at 3.
-        let after = &stat[stat.rfind(')').unwrap() + 2..];
-        let policy = after.split(' ').nth(41 - 3).unwrap().parse().unwrap();
-        by_name.entry(comm.trim().to_owned()).or_default().push(policy);
+        by_name.entry(comm.trim().to_owned()).or_default().push(policy_in(&stat));
     }
     by_name
 }
@@ -47,6 +51,25 @@ fn kubeconfig_for(kube: &FakeKube, dir: &Path) -> std::path::PathBuf {
     let path = dir.join("kubeconfig");
     std::fs::write(&path, kube.kubeconfig()).unwrap();
     path
+}
+
+/// `RuntimeThread` itself, in this process: the thread sets its policy before it hands out its
+/// runtime; `normal` keeps the policy of the thread that started it.
+#[test]
+fn a_batch_runtime_thread_is_sched_batch_and_a_normal_one_keeps_its_starters_policy() {
+    let batch = RuntimeThread::start("rt-test-batch".to_owned(), Scheduling::Batch).unwrap();
+    let normal = RuntimeThread::start("rt-test-normal".to_owned(), Scheduling::Normal).unwrap();
+    let here = policies(std::process::id());
+    assert_eq!(here["rt-test-batch"], [SCHED_BATCH]);
+    // The thread that started it: the test's, as the process was started.
+    let own = policy_in(&std::fs::read_to_string("/proc/thread-self/stat").unwrap());
+    assert_ne!(own, SCHED_BATCH, "run the tests under SCHED_OTHER");
+    assert_eq!(here["rt-test-normal"], [own]);
+    // Tasks spawned on it run there, under that policy.
+    let spawned = batch.handle().spawn(async { std::thread::current().name().map(str::to_owned) });
+    let name = futures::executor::block_on(spawned).unwrap();
+    assert_eq!(name.as_deref(), Some("rt-test-batch"));
+    drop((batch, normal));
 }
 
 #[tokio::test]
