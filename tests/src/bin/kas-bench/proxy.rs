@@ -28,8 +28,9 @@ const REQUESTS_1: usize = 2_000;
 const KUBECTL_PODS: usize = 2_000;
 const KUBECTL_RUNS: usize = 3;
 const READY_WITHIN: Duration = Duration::from_secs(20);
-/// The minimal relay's path name ([`start_socat`]).
-const SOCAT: &str = "socat (one relay process)";
+/// The minimal relay's path names ([`start_socat`]): one relay process, two chained.
+const SOCAT: &str = "socat";
+const SOCAT_TWO: &str = "socat → socat";
 
 /// A ~400-byte pod object, as the fake API server serves one.
 const POD_JSON: &str = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"web-1","namespace":"default","resourceVersion":"1","uid":"uid-default-web-1","creationTimestamp":"2026-01-01T00:00:00Z","labels":{"app":"web"}},"spec":{"containers":[{"name":"main","image":"busybox","command":["sleep","infinity"]}],"nodeName":"node-1"},"status":{"phase":"Running","podIP":"10.0.0.1","hostIP":"192.168.0.1"}}"#;
@@ -324,38 +325,47 @@ fn start_rathole(dir: &Path, upstream: &str) -> Result<(Vec<Proc>, String), Unav
     ))
 }
 
-/// socat as a minimal relay: one process forked per connection that copies bytes with `poll`,
-/// `read` and `write` and does no protocol work. What one process hop costs on this machine,
-/// against which kas A's hop in kas → kas is judged. Its forked children, not the listener,
-/// carry the load, so the path reports no CPU or RSS.
-fn start_socat(upstream: &str) -> Result<(Vec<Proc>, String), Unavailable> {
+/// socat as a minimal relay in front of `to` (host:port): one process forked per connection that
+/// copies bytes with `poll`, `read` and `write` and does no protocol work. Two of them chained,
+/// against one, give what one more process on a path costs on this machine, the scale for kas
+/// A's hop in kas → kas. Its forked children, not the listener, carry the load, so the path
+/// reports no CPU or RSS. Returns the process and its address (host:port).
+fn start_socat(to: &str) -> Result<(Proc, String), Unavailable> {
     let socat = find_program("socat").ok_or(Unavailable::NotInstalled("apt-get install socat"))?;
     let port = free_port()?;
     let p = spawn(
         "socat",
         Command::new(socat)
             .arg(format!("TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr,nodelay"))
-            .arg(format!("TCP:{upstream},nodelay"))
+            .arg(format!("TCP:{to},nodelay"))
             .stdout(Stdio::null())
             .stderr(Stdio::null()),
     )?;
-    Ok((vec![p], format!("http://127.0.0.1:{port}")))
+    Ok((p, format!("127.0.0.1:{port}")))
 }
 
 async fn start_bore(upstream: &str) -> Result<(Vec<Proc>, String), Unavailable> {
     let bore = find_program("bore").ok_or(Unavailable::NotInstalled("cargo install bore-cli"))?;
     let upstream_port = upstream.rsplit_once(':').map(|(_, p)| p).ok_or_else(|| failed("upstream port"))?;
     // bore's control port is fixed (7835); the tunnel ports are drawn from this range.
-    let server = spawn(
-        "bore server",
-        Command::new(&bore)
-            .args(["server", "--bind-addr", "127.0.0.1", "--min-port", "20000", "--max-port", "30000"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null()),
-    )?;
+    let start_server = || {
+        spawn(
+            "bore server",
+            Command::new(&bore)
+                .args(["server", "--bind-addr", "127.0.0.1", "--min-port", "20000", "--max-port", "30000"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+        )
+    };
+    let mut server = start_server()?;
     // The server needs a moment to bind its control port: the client retries until it connects.
+    // A server that exited could not bind it (a previous run's server still holding it): it is
+    // started again.
     let deadline = Instant::now() + READY_WITHIN;
     loop {
+        if server.child.try_wait().is_ok_and(|s| s.is_some()) {
+            server = start_server()?;
+        }
         let mut client = spawn(
             "bore client",
             Command::new(&bore)
@@ -666,10 +676,14 @@ async fn run_paths(rounds: usize, report: &mut String) -> Result<(), Unavailable
     let nginx = peer(start_nginx(dir.path(), &upstream));
     let rathole = peer(start_rathole(dir.path(), &upstream));
     let bore = peer(start_bore(&upstream).await);
-    let socat = start_socat(&upstream).map(|(ps, base)| {
-        procs.extend(ps);
-        base
-    });
+    let mut relay = |to: &Result<String, Unavailable>| -> Result<String, Unavailable> {
+        let (p, addr) = start_socat(to.as_ref().map_err(failed)?)?;
+        procs.push(p);
+        Ok(addr)
+    };
+    let socat_one = relay(&Ok(upstream.clone()));
+    let socat_two = relay(&socat_one);
+    let url = |addr: Result<String, Unavailable>| addr.map(|a| format!("http://{a}"));
     let target = |name, (base, procs): (Result<String, Unavailable>, Vec<(String, ProcRef)>), token: &str| Target {
         name,
         base,
@@ -692,7 +706,8 @@ async fn run_paths(rounds: usize, report: &mut String) -> Result<(), Unavailable
         target("nginx reverse proxy", nginx, "bench"),
         target("rathole", rathole, "bench"),
         target("bore", bore, "bench"),
-        target(SOCAT, (socat, Vec::new()), "bench"),
+        target(SOCAT, (url(socat_one), Vec::new()), "bench"),
+        target(SOCAT_TWO, (url(socat_two), Vec::new()), "bench"),
         target("kas + agentk", kas_one, &jwt),
         target("kas → kas + agentk", kas_two, &jwt),
     ];
@@ -760,8 +775,9 @@ fn write_paths_report(targets: &[Target], rounds: usize, report: &mut String) {
         "Every path reaches the same upstream: this program re-executed as `kas-bench --upstream` (its \
          own process: a small axum server answering a ~400-byte pod object and a {} MiB streamed \
          response; it ignores auth). kas (two replicas on one Redis), agentk, nginx, rathole, bore and \
-         socat (a relay forked per connection that only copies bytes: what one process hop costs \
-         here; its CPU and RSS are its children's and not shown) are real processes on loopback; the load generator is reqwest (HTTP/1.1, keep-alive) in this \
+         socat (a relay forked per connection that only copies bytes, one and two chained: what one \
+         process hop costs here; its CPU and RSS are its children's and not shown) are real \
+         processes on loopback; the load generator is reqwest (HTTP/1.1, keep-alive) in this \
          process. {rounds} interleaved rounds (round 1 measures every path, then round 2, ...); every \
          figure is the median over the rounds. Per round and path: a warm-up of {} requests on 16 \
          connections; {REQUESTS_1} sequential GETs on 1 connection (p50, p99); {} GETs on \
@@ -886,31 +902,23 @@ fn write_goals(targets: &[Target], summaries: &[Option<Round>], report: &mut Str
         let _ = writeln!(report, "| {goal} | {measured} | {} |", mark(ok));
     }
     let _ = writeln!(report);
-    write_hop_costs(&find, rathole, one, two, report);
+    write_hop_costs(&find, one, two, report);
 }
 
-/// What one more process on the path adds to the p50 at one connection: the scale against which
-/// the kas → kas p50 goal (kas A's hop within a quarter of the one-kas p50) can be judged.
-fn write_hop_costs<'a>(
-    find: &impl Fn(&str) -> Option<&'a Round>,
-    rathole: &Round,
-    one: &Round,
-    two: &Round,
-    report: &mut String,
-) {
-    let (Some(direct), Some(socat)) = (find("direct"), find(SOCAT)) else {
-        let _ = writeln!(report, "Hop costs: not evaluated (the direct or the socat path has no figures).\n");
+/// What one more process adds to the p50 at one connection: the scale against which the
+/// kas → kas p50 goal (kas A's hop within a quarter of the one-kas p50) can be judged.
+fn write_hop_costs<'a>(find: &impl Fn(&str) -> Option<&'a Round>, one: &Round, two: &Round, report: &mut String) {
+    let (Some(socat_one), Some(socat_two)) = (find(SOCAT), find(SOCAT_TWO)) else {
+        let _ = writeln!(report, "Hop costs: not evaluated (a socat path has no figures).\n");
         return;
     };
     let us = |a: Duration, b: Duration| (a.as_secs_f64() - b.as_secs_f64()) * 1e6;
     let _ = writeln!(
         report,
-        "What one more process adds to the p50 at 1 connection: socat's relay {:.0} µs, each of \
-         rathole's two processes {:.0} µs (half of rathole's over the direct path), kas A {:.0} µs \
-         (kas → kas over one kas). The kas → kas p50 goal allows kas A {:.0} µs (a quarter of the \
-         one-kas p50).\n",
-        us(socat.p50_1, direct.p50_1),
-        us(rathole.p50_1, direct.p50_1) / 2.0,
+        "What one more process adds to the p50 at 1 connection: a socat relay {:.0} µs ({SOCAT_TWO} \
+         over {SOCAT}), kas A {:.0} µs (kas → kas over one kas); the kas → kas p50 goal allows kas A \
+         {:.0} µs (a quarter of the one-kas p50).\n",
+        us(socat_two.p50_1, socat_one.p50_1),
         us(two.p50_1, one.p50_1),
         one.p50_1.as_secs_f64() * 0.25 * 1e6,
     );
