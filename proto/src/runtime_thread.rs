@@ -47,7 +47,10 @@ impl RuntimeThread {
             let _ = started.send(Ok(runtime.handle().clone()));
             // Runs the spawned tasks until stopped; dropping the runtime then drops them.
             runtime.block_on(async {
-                let _ = stopped.await;
+                tokio::select! {
+                    _ = stopped => {}
+                    () = keep_a_near_timer() => {}
+                }
             });
         })?;
         // Waits for the thread to build its runtime: once, at start-up, for microseconds.
@@ -59,6 +62,25 @@ impl RuntimeThread {
     /// spawns its own tasks (a tonic `Channel`).
     pub fn handle(&self) -> &Handle {
         &self.handle
+    }
+}
+
+/// The period of [`keep_a_near_timer`]: shorter than the timers registered per request (kas's
+/// HTTP/1 header read timeout is its handshake timeout, 10 s by default).
+pub const NEAR_TIMER_PERIOD: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Keeps a timer due within [`NEAR_TIMER_PERIOD`] on the runtime. tokio's time driver wakes its
+/// thread through the runtime's event fd whenever a timer is registered that is due before every
+/// timer it had when it last looked (it may be parked on the later one); on a single-threaded
+/// runtime the registering task runs on that very thread, so the wake is a wasted `write` and a
+/// spurious event. hyper registers a new header read timer after every HTTP/1 request, and with
+/// no sooner timer each request paid one (issue 14). With this timer every later timer of at
+/// least the period is never the soonest; the cost is one wake-up of the thread per period.
+async fn keep_a_near_timer() {
+    let mut tick = tokio::time::interval(NEAR_TIMER_PERIOD);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
     }
 }
 
