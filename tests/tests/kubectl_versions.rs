@@ -88,7 +88,29 @@ impl Kubectl {
     }
 
     /// Runs to the end with `input` on stdin; returns stdout, failing on a non-zero exit.
+    ///
+    /// Run once more, and only once, when kubectl itself dropped what it received: client-go's
+    /// WebSocket executor starts reading the connection in one goroutine while another creates
+    /// its streams (`remotecommand/websocket.go`), so a command whose output and exit status
+    /// arrive first has them discarded ("Unknown stream id ..., discarding message") and fails
+    /// with "closed all streams". The fake's `tar` answers within a millisecond of the upgrade;
+    /// under a loaded CI machine kubectl's goroutines can lose that race.
     async fn run_with_input(&self, args: &[&str], input: &[u8]) -> Vec<u8> {
+        match self.try_run_with_input(args, input).await {
+            Ok(stdout) => stdout,
+            Err(stderr) if stderr.contains("Unknown stream id") && stderr.contains("closed all streams") => {
+                eprintln!("kubectl 1.{} {args:?} lost client-go's stream race; once more:\n{stderr}", self.minor);
+                self.try_run_with_input(args, input).await.unwrap_or_else(|stderr| {
+                    panic!("kubectl 1.{} {args:?} failed twice:\nstderr: {stderr}", self.minor)
+                })
+            }
+            Err(stderr) => panic!("kubectl 1.{} {args:?} failed:\nstderr: {stderr}", self.minor),
+        }
+    }
+
+    /// Runs to the end with `input` on stdin: stdout, or stderr (with the exit status) when
+    /// kubectl failed.
+    async fn try_run_with_input(&self, args: &[&str], input: &[u8]) -> Result<Vec<u8>, String> {
         let mut child =
             self.command(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
         let mut stdin = child.stdin.take().unwrap();
@@ -102,14 +124,11 @@ impl Kubectl {
             .unwrap_or_else(|_| panic!("kubectl 1.{} {args:?} timed out", self.minor))
             .unwrap();
         writer.await.unwrap();
-        assert!(
-            out.status.success(),
-            "kubectl 1.{} {args:?} failed ({}):\nstderr: {}",
-            self.minor,
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        out.stdout
+        if out.status.success() {
+            Ok(out.stdout)
+        } else {
+            Err(format!("({}) {}", out.status, String::from_utf8_lossy(&out.stderr)))
+        }
     }
 
     async fn run(&self, args: &[&str]) -> Vec<u8> {
