@@ -138,7 +138,7 @@ fn clock_ticks_per_second() -> f64 {
 }
 
 /// Why a path has no figures.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub(crate) enum Unavailable {
     #[error("not installed ({0})")]
     NotInstalled(&'static str),
@@ -520,7 +520,7 @@ fn big_gets_per_round() -> usize {
 }
 
 async fn measure_round(t: &mut Target, ticks_per_s: f64) {
-    let Ok(base) = t.base.as_ref().map(Clone::clone) else { return };
+    let Ok(base) = t.base.clone() else { return };
     // Warm-up: 16 connections opened (and tunnels, for the peers) before anything is timed.
     let (_, bad, _) = small_gets(t, &base, CONCURRENCY, CONCURRENCY * 20).await;
     bad.into_iter().for_each(|b| t.note_bad(format!("warm-up: {b}")));
@@ -676,13 +676,15 @@ async fn run_paths(rounds: usize, report: &mut String) -> Result<(), Unavailable
     let nginx = peer(start_nginx(dir.path(), &upstream));
     let rathole = peer(start_rathole(dir.path(), &upstream));
     let bore = peer(start_bore(&upstream).await);
-    let mut relay = |to: &Result<String, Unavailable>| -> Result<String, Unavailable> {
-        let (p, addr) = start_socat(to.as_ref().map_err(failed)?)?;
-        procs.push(p);
-        Ok(addr)
+    let mut relay = |to: &str| {
+        start_socat(to).map(|(p, addr)| {
+            procs.push(p);
+            addr
+        })
     };
-    let socat_one = relay(&Ok(upstream.clone()));
-    let socat_two = relay(&socat_one);
+    let socat_one = relay(&upstream);
+    // The second relay in front of the first; without the first, the first's reason.
+    let socat_two = socat_one.clone().and_then(|one| relay(&one));
     let url = |addr: Result<String, Unavailable>| addr.map(|a| format!("http://{a}"));
     let target = |name, (base, procs): (Result<String, Unavailable>, Vec<(String, ProcRef)>), token: &str| Target {
         name,
