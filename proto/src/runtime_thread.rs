@@ -77,7 +77,10 @@ pub const NEAR_TIMER_PERIOD: std::time::Duration = std::time::Duration::from_sec
 /// no sooner timer each request paid one (issue 14). With this timer every later timer of at
 /// least the period is never the soonest; the cost is one wake-up of the thread per period.
 async fn keep_a_near_timer() {
-    let mut tick = tokio::time::interval(NEAR_TIMER_PERIOD);
+    // Not `interval`, whose first tick is due at once: its firing would make the driver see no
+    // near timer until the thread parks again, as after each later tick.
+    let first = tokio::time::Instant::now() + NEAR_TIMER_PERIOD;
+    let mut tick = tokio::time::interval_at(first, NEAR_TIMER_PERIOD);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
