@@ -381,13 +381,21 @@ async fn start_bore(upstream: &str) -> Result<(Vec<Proc>, String), Unavailable> 
             let port: String = rest.rsplit_once(':')?.1.chars().take_while(char::is_ascii_digit).collect();
             (!port.is_empty()).then_some(port)
         });
-        match port {
-            Some(port) => return Ok((vec![server, client], format!("http://127.0.0.1:{port}"))),
-            None if Instant::now() < deadline && client.child.try_wait().is_ok_and(|s| s.is_some()) => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
+        let Some(port) = port else {
+            // Its output ends as it exits (it could not reach the server yet), a moment before
+            // the process can be reaped: waited for, or a client that was exiting would count as
+            // one that is stuck.
+            let exiting_by = Instant::now() + Duration::from_secs(1);
+            while client.child.try_wait().is_ok_and(|s| s.is_none()) && Instant::now() < exiting_by {
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
-            None => return Err(failed("bore local printed no \"listening at\" port")),
-        }
+            if Instant::now() < deadline && client.child.try_wait().is_ok_and(|s| s.is_some()) {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            return Err(failed("bore local printed no \"listening at\" port"));
+        };
+        return Ok((vec![server, client], format!("http://127.0.0.1:{port}")));
     }
 }
 
