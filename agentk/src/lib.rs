@@ -11,6 +11,7 @@ pub mod observability;
 pub mod pool;
 pub mod status;
 pub mod tunnel;
+pub mod tunnel_codec;
 
 pub use app::App;
 pub use config::{AgentConfig, Args, ENVIRONMENT_VARIABLES, KubeSource};

@@ -11,7 +11,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use kas_proto::ConnectionId;
-use kas_proto::tunnel::pb::agent_tunnel_client::AgentTunnelClient;
 use kas_proto::tunnel::pb::{self, ConnectRequest};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
@@ -22,6 +21,7 @@ use tonic::transport::Channel;
 use crate::backoff::Backoff;
 use crate::modules::Module;
 use crate::tunnel;
+use crate::tunnel_codec::{self, Outbound};
 
 /// Frames buffered towards kas per tunnel (each at most one body chunk); HTTP/2 flow control
 /// does the rest.
@@ -208,16 +208,15 @@ fn authorized<T>(message: T, token: &str) -> tonic::Request<T> {
 
 async fn open_and_serve(ctx: &PoolContext, shared: &Shared) -> Event {
     let methods: Vec<String> = ctx.modules.iter().flat_map(|m| m.methods().iter().map(|s| (*s).to_owned())).collect();
-    let (outbound, rx) = mpsc::channel::<ConnectRequest>(TUNNEL_SEND_BUFFER);
+    let (outbound, rx) = mpsc::channel::<Outbound>(TUNNEL_SEND_BUFFER);
     let descriptor =
         pb::Descriptor { connection_id: ctx.connection_id.0, methods, response_credit: true, reusable: true };
-    if outbound.try_send(ConnectRequest::descriptor(descriptor)).is_err() {
+    if outbound.try_send(ConnectRequest::descriptor(descriptor).into()).is_err() {
         return Event::EndedIdle { failed: true };
     }
-    let mut client = AgentTunnelClient::new(ctx.channel.clone());
     let opened = tokio::select! {
         () = ctx.stop_idle.cancelled() => return Event::EndedIdle { failed: false },
-        r = client.connect(authorized(ReceiverStream::new(rx), &ctx.token)) => r,
+        r = tunnel_codec::connect(ctx.channel.clone(), authorized(ReceiverStream::new(rx), &ctx.token)) => r,
     };
     let inbound = match opened {
         Ok(r) => r.into_inner(),

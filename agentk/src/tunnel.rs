@@ -17,6 +17,8 @@ use kas_proto::tunnel::{FrameOrder, FrameOrderError, RequestFrame, ResponseFrame
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tonic::{Status, Streaming};
 
+use crate::tunnel_codec::Outbound;
+
 /// Request body bytes read from the tunnel ahead of the module. Response credit that kas sends
 /// behind more than this (a module that neither reads the request body nor can send) waits
 /// until the module reads.
@@ -52,7 +54,7 @@ pub struct TunnelRequest {
 
 /// Sends the response frames back to kas.
 pub struct Responder {
-    outbound: mpsc::Sender<ConnectRequest>,
+    outbound: mpsc::Sender<Outbound>,
     order: SharedOrder,
     credit: Arc<SendCredit>,
 }
@@ -88,7 +90,7 @@ pub type Exchange = (TunnelRequest, Responder);
 /// error item; the end of the stream closes the channel.
 pub fn start(
     inbound: Streaming<ConnectResponse>,
-    outbound: mpsc::Sender<ConnectRequest>,
+    outbound: mpsc::Sender<Outbound>,
 ) -> mpsc::Receiver<Result<Exchange, Status>> {
     let (tx, rx) = mpsc::channel(1);
     tokio::spawn(read_frames(inbound, outbound, tx));
@@ -104,7 +106,7 @@ struct Current {
 }
 
 impl Current {
-    fn new(info: pb::RequestInfo, order: FrameOrder, outbound: &mpsc::Sender<ConnectRequest>) -> (Self, Exchange) {
+    fn new(info: pb::RequestInfo, order: FrameOrder, outbound: &mpsc::Sender<Outbound>) -> (Self, Exchange) {
         let order = Arc::new(Mutex::new(order));
         let credit = Arc::new(SendCredit {
             limited: AtomicBool::new(info.response_window > 0),
@@ -136,7 +138,7 @@ impl Current {
 /// would reset the stream, and a reset discards response frames kas has not read yet.
 async fn read_frames(
     mut inbound: Streaming<ConnectResponse>,
-    outbound: mpsc::Sender<ConnectRequest>,
+    outbound: mpsc::Sender<Outbound>,
     exchanges: mpsc::Sender<Result<Exchange, Status>>,
 ) {
     let mut current: Option<Current> = None;
@@ -302,34 +304,34 @@ impl TunnelRequest {
 /// them, the stream's encoder takes them in one HTTP/2 write. A small response goes out whole,
 /// header to trailer, as one write instead of four.
 #[derive(Default)]
-pub struct Batch(Vec<(ConnectRequest, ResponseFrame)>);
+pub struct Batch(Vec<(Outbound, ResponseFrame)>);
 
 impl Batch {
     pub fn header(&mut self, metadata: BTreeMap<String, pb::MetadataValues>) -> &mut Self {
-        self.0.push((ConnectRequest::header(pb::Header { metadata }), ResponseFrame::Header));
+        self.0.push((ConnectRequest::header(pb::Header { metadata }).into(), ResponseFrame::Header));
         self
     }
 
     /// A body message; it takes response credit as [`Responder::message`] does.
     pub fn message(&mut self, data: Bytes) -> &mut Self {
-        self.0.push((ConnectRequest::message(data), ResponseFrame::Message));
+        self.0.push((ConnectRequest::message(data).into(), ResponseFrame::Message));
+        self
+    }
+
+    /// A body message carrying a proxied HTTP body's data (an `HttpFrame` body), encoded with
+    /// one copy ([`Outbound::HttpBody`]); it takes response credit as [`Self::message`] does.
+    pub fn http_body(&mut self, data: Bytes) -> &mut Self {
+        self.0.push((Outbound::HttpBody(data), ResponseFrame::Message));
         self
     }
 
     pub fn trailer(&mut self, metadata: BTreeMap<String, pb::MetadataValues>) -> &mut Self {
-        self.0.push((ConnectRequest::trailer(pb::Trailer { metadata }), ResponseFrame::Trailer));
+        self.0.push((ConnectRequest::trailer(pb::Trailer { metadata }).into(), ResponseFrame::Trailer));
         self
     }
 
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
-    }
-}
-
-fn message_len(frame: &ConnectRequest) -> Option<usize> {
-    match &frame.msg {
-        Some(pb::connect_request::Msg::Message(m)) => Some(m.data.len()),
-        _ => None,
     }
 }
 
@@ -344,7 +346,7 @@ impl Responder {
             while let Some((frame, _)) = frames.peek()
                 && ready.len() < capacity
             {
-                if let Some(len) = message_len(frame)
+                if let Some(len) = frame.message_len()
                     && !self.take_credit(len)
                 {
                     break;
@@ -389,7 +391,7 @@ impl Responder {
         (available > 0).then(|| max.min(usize::try_from(available).unwrap_or(usize::MAX)))
     }
 
-    async fn send(&self, frame: ConnectRequest, kind: ResponseFrame) -> Result<(), Status> {
+    async fn send(&self, frame: Outbound, kind: ResponseFrame) -> Result<(), Status> {
         // Room first, then the order check and the send with no await between: a send cancelled
         // while waiting must not count as sent (the tunnel would look reusable).
         let permit = self.outbound.reserve().await.map_err(|_| Status::cancelled("tunnel closed"))?;
@@ -401,11 +403,20 @@ impl Responder {
     /// Sends one body message once there is response credit (a message may take the credit
     /// below zero; the next one waits for kas to grant more).
     pub async fn message(&self, data: Bytes) -> Result<(), Status> {
+        self.send_message(ConnectRequest::message(data).into()).await
+    }
+
+    /// [`Self::message`] for a proxied HTTP body's data ([`Batch::http_body`]).
+    pub async fn http_body(&self, data: Bytes) -> Result<(), Status> {
+        self.send_message(Outbound::HttpBody(data)).await
+    }
+
+    async fn send_message(&self, message: Outbound) -> Result<(), Status> {
         if self.wait_for_credit().await?.is_some() {
-            let len = i64::try_from(data.len()).unwrap_or(i64::MAX);
+            let len = i64::try_from(message.message_len().unwrap_or(0)).unwrap_or(i64::MAX);
             self.credit.available.fetch_sub(len, Ordering::AcqRel);
         }
-        self.send(ConnectRequest::message(data), ResponseFrame::Message).await
+        self.send(message, ResponseFrame::Message).await
     }
 
     /// Stops applying response credit: an upgraded connection carries both directions on this
@@ -443,7 +454,7 @@ impl Responder {
     }
 
     pub async fn trailer(&self, metadata: BTreeMap<String, pb::MetadataValues>) -> Result<(), Status> {
-        self.send(ConnectRequest::trailer(pb::Trailer { metadata }), ResponseFrame::Trailer).await
+        self.send(ConnectRequest::trailer(pb::Trailer { metadata }).into(), ResponseFrame::Trailer).await
     }
 
     /// Resolves when the tunnel's outbound stream is gone (the stream was reset or the
@@ -453,7 +464,7 @@ impl Responder {
     }
 
     pub async fn error(&self, status: &Status) -> Result<(), Status> {
-        self.send(ConnectRequest::error(status), ResponseFrame::Error).await
+        self.send(ConnectRequest::error(status).into(), ResponseFrame::Error).await
     }
 
     /// Header, one message, trailer (in one write); or the error.
@@ -478,7 +489,7 @@ mod tests {
     use super::*;
 
     /// A responder for an exchange that got its RequestInfo, with the channel to kas.
-    fn responder(response_window: u32) -> (Responder, mpsc::Receiver<ConnectRequest>) {
+    fn responder(response_window: u32) -> (Responder, mpsc::Receiver<Outbound>) {
         let (outbound, to_kas) = mpsc::channel(kas_proto::flow::HOP_BUFFER);
         let mut order = FrameOrder::after_descriptor();
         order.request(RequestFrame::RequestInfo).unwrap();
@@ -487,9 +498,9 @@ mod tests {
         (responder, to_kas)
     }
 
-    fn kinds(to_kas: &mut mpsc::Receiver<ConnectRequest>) -> Vec<&'static str> {
+    fn kinds(to_kas: &mut mpsc::Receiver<Outbound>) -> Vec<&'static str> {
         std::iter::from_fn(|| to_kas.try_recv().ok())
-            .map(|f| match f.msg {
+            .map(|f| match f.into_frame().msg {
                 Some(Msg::Header(_)) => "header",
                 Some(Msg::Message(_)) => "message",
                 Some(Msg::Trailer(_)) => "trailer",

@@ -102,7 +102,8 @@ impl<T, U> Default for Codec<T, U> {
     }
 }
 
-fn buffer_settings() -> tonic::codec::BufferSettings {
+/// tonic's buffer settings of every tunnel call: [`CODEC_BUFFER`] and [`YIELD_THRESHOLD`].
+pub fn buffer_settings() -> tonic::codec::BufferSettings {
     tonic::codec::BufferSettings::new(CODEC_BUFFER, YIELD_THRESHOLD)
 }
 

@@ -231,7 +231,11 @@ async fn serve_with_credit(agent_listener: std::net::SocketAddr, token: String, 
     let mut credit = i64::from(info.response_window);
     tx.send(ConnectRequest::header(pb::Header::default())).await.unwrap();
     let head = HttpResponseHead { status: 200, headers: Default::default() };
-    tx.send(ConnectRequest::message(HttpFrame::response_head(head).to_bytes())).await.unwrap();
+    // The head is a message too: it takes credit as agentk's does (kas counts it as consumed;
+    // left out, the credit seen here once exceeded the largest window by the head's bytes).
+    let head = HttpFrame::response_head(head).to_bytes();
+    credit -= i64::try_from(head.len()).unwrap();
+    tx.send(ConnectRequest::message(head)).await.unwrap();
     let mut sent = 0u64;
     loop {
         tokio::select! {

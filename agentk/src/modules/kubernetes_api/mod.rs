@@ -211,7 +211,7 @@ async fn kubernetes_status(
     batch
         .header(Default::default())
         .message(HttpFrame::response_head(head).to_bytes())
-        .message(HttpFrame::body(Bytes::from(body)).to_bytes())
+        .http_body(Bytes::from(body))
         .trailer(Default::default());
     responder.send_batch(batch).await
 }
@@ -381,7 +381,7 @@ impl KubernetesApi {
                     break;
                 }
                 let Some(size) = responder.message_size_now(kas_proto::flow::MAX_CHUNK) else { break };
-                batch.message(HttpFrame::body(data.split_to(size.min(data.len()))).to_bytes());
+                batch.http_body(data.split_to(size.min(data.len())));
                 has_body = true;
             }
             let done = ended && data.is_empty();
@@ -552,7 +552,7 @@ async fn upgraded(
             if n == 0 {
                 return responder.trailer(Default::default()).await;
             }
-            responder.message(HttpFrame::body(Bytes::copy_from_slice(&buf[..n])).to_bytes()).await?;
+            responder.http_body(Bytes::copy_from_slice(&buf[..n])).await?;
         }
     };
     // The API server's side closing ends the exchange; an error on either side ends it too.
