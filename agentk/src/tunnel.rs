@@ -557,4 +557,26 @@ mod tests {
         send.await.unwrap();
         assert_eq!(kinds(&mut to_kas), ["message", "trailer"]);
     }
+
+    /// An HTTP body message takes the credit kas will count for it: its `Message` data is the
+    /// encoded `HttpFrame`, tag and length included, not only the body bytes.
+    #[tokio::test]
+    async fn an_http_body_takes_credit_for_its_encoded_frame() {
+        let (responder, mut to_kas) = responder(1024);
+        responder.send_batch(std::mem::take(Batch::default().header(BTreeMap::new()))).await.unwrap();
+        assert_eq!(kinds(&mut to_kas), ["header"]);
+        responder.http_body(Bytes::from(vec![7; 200])).await.unwrap();
+        let mut batch = Batch::default();
+        batch.http_body(Bytes::from(vec![7; 100]));
+        responder.send_batch(batch).await.unwrap();
+        // 200 bytes: tag, a 2-byte length; 100 bytes: tag, a 1-byte length.
+        assert_eq!(responder.credit.available.load(Ordering::Acquire), 1024 - 203 - 102);
+        let sent: Vec<usize> = std::iter::from_fn(|| to_kas.try_recv().ok())
+            .map(|f| match f.into_frame().msg {
+                Some(Msg::Message(m)) => m.data.len(),
+                other => panic!("not a message: {other:?}"),
+            })
+            .collect();
+        assert_eq!(sent, [203, 102], "what kas counts is what was taken");
+    }
 }

@@ -48,7 +48,8 @@ impl Outbound {
     }
 
     /// The frame as prost types (tests compare what was sent).
-    pub fn into_frame(self) -> ConnectRequest {
+    #[cfg(test)]
+    pub(crate) fn into_frame(self) -> ConnectRequest {
         match self {
             Self::Frame(frame) => frame,
             Self::HttpBody(data) => {
@@ -59,14 +60,26 @@ impl Outbound {
 }
 
 /// The encoded length of `HttpFrame { body }` for `body_len` bytes of body.
-pub fn http_body_frame_len(body_len: usize) -> usize {
+fn http_body_frame_len(body_len: usize) -> usize {
     key_len(HTTP_FRAME_BODY) + encoded_len_varint(body_len as u64) + body_len
+}
+
+/// The encoded length of `Message { data: HttpFrame { body } }`.
+fn http_body_message_len(body_len: usize) -> usize {
+    let frame_len = http_body_frame_len(body_len);
+    key_len(MESSAGE_DATA) + encoded_len_varint(frame_len as u64) + frame_len
+}
+
+/// The encoded length of the whole `ConnectRequest` [`encode_http_body`] writes.
+fn http_body_request_len(body_len: usize) -> usize {
+    let message_len = http_body_message_len(body_len);
+    key_len(CONNECT_REQUEST_MESSAGE) + encoded_len_varint(message_len as u64) + message_len
 }
 
 /// Writes `ConnectRequest { message: Message { data: HttpFrame { body } } }`, as prost would.
 fn encode_http_body(body: &[u8], buf: &mut impl BufMut) {
     let frame_len = http_body_frame_len(body.len());
-    let message_len = key_len(MESSAGE_DATA) + encoded_len_varint(frame_len as u64) + frame_len;
+    let message_len = http_body_message_len(body.len());
     encode_key(CONNECT_REQUEST_MESSAGE, WireType::LengthDelimited, buf);
     encode_varint(message_len as u64, buf);
     encode_key(MESSAGE_DATA, WireType::LengthDelimited, buf);
@@ -107,7 +120,7 @@ impl Encoder for OutboundEncoder {
         match item {
             Outbound::Frame(frame) => frame.encode(buf).map_err(|e| Status::internal(e.to_string())),
             Outbound::HttpBody(body) => {
-                buf.reserve(http_body_frame_len(body.len()) + 16);
+                buf.reserve(http_body_request_len(body.len()));
                 encode_http_body(&body, buf);
                 Ok(())
             }
@@ -151,6 +164,7 @@ mod tests {
             let mut written = Vec::new();
             encode_http_body(&body, &mut written);
             assert_eq!(written, expected, "body of {len} bytes");
+            assert_eq!(http_body_request_len(len), expected.len(), "body of {len} bytes");
             assert_eq!(http_body_frame_len(len), HttpFrame::body(body.clone()).encoded_len(), "body of {len} bytes");
             let decoded = ConnectRequest::decode(&written[..]).unwrap();
             assert_eq!(Outbound::Frame(decoded.clone()).message_len(), Some(http_body_frame_len(len)));
