@@ -18,7 +18,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::error::KasError;
 use crate::modules::get_pods::{self, Scope};
 use crate::router::{Router, Target};
-use crate::tunnel::{TunnelIo, TunnelReceiver, TunnelSender};
+use crate::tunnel::{Tripwire, TunnelIo, TunnelReceiver, TunnelSender};
 
 pub struct InternalService {
     pub router: Router,
@@ -139,13 +139,13 @@ async fn relay_requests(
     mut to_agent: TunnelSender,
     mut response_done: oneshot::Receiver<()>,
     exchanges: Option<(mpsc::Sender<Exchange>, CancellationToken)>,
-    requests_ended: CancellationToken,
+    requests_ended: Tripwire,
 ) {
     loop {
         match relay_exchange(&mut from_routing, to_agent, response_done).await {
             ExchangeEnd::Finished => {}
             ExchangeEnd::RoutingGone => {
-                requests_ended.cancel();
+                requests_ended.trip();
                 return;
             }
             ExchangeEnd::Over => break,
@@ -154,15 +154,22 @@ async fn relay_requests(
         let Some((exchanges, connection_gone)) = &exchanges else { break };
         // A stream of a connection that went down ends at once: the routing kas then sees it
         // ended before it sends the next request on it.
-        let next = tokio::select! {
-            () = connection_gone.cancelled() => None,
-            next = next_request_info(&mut from_routing) => next,
+        // The token is shared by every stream of the connection: waiting on it takes a lock and a
+        // place in its waiter list, so it is only waited on when the next request is not there.
+        let next = if connection_gone.is_cancelled() {
+            None
+        } else {
+            tokio::select! {
+                biased;
+                next = next_request_info(&mut from_routing) => next,
+                () = connection_gone.cancelled() => None,
+            }
         };
         let Some(info) = next else { break };
         let Some(connect_response::Msg::RequestInfo(request)) = &info.msg else { break };
         request.method.clone_into(&mut target.method);
         let Some(found) = local_tunnel(&router, &target, &mut from_routing).await else {
-            requests_ended.cancel();
+            requests_ended.trip();
             return;
         };
         let mut tunnel = match found {
@@ -248,12 +255,12 @@ async fn local_tunnel(
 /// the stream) drops the exchange's `done`, which ends the request side.
 fn responses(
     exchanges: mpsc::Receiver<Exchange>,
-    requests_ended: CancellationToken,
+    requests_ended: Tripwire,
 ) -> impl futures::Stream<Item = Result<ConnectRequest, Status>> + Send + 'static {
     struct State {
         exchanges: mpsc::Receiver<Exchange>,
         current: Option<(TunnelReceiver, oneshot::Sender<()>)>,
-        requests_ended: CancellationToken,
+        requests_ended: Tripwire,
     }
     let state = State { exchanges, current: None, requests_ended };
     futures::stream::unfold(Some(state), |state| async move {
@@ -263,7 +270,7 @@ fn responses(
                 break current;
             }
             let next = tokio::select! {
-                () = state.requests_ended.cancelled() => return None,
+                () = state.requests_ended.tripped() => return None,
                 next = state.exchanges.recv() => next,
             };
             match next? {
@@ -275,7 +282,7 @@ fn responses(
             }
         };
         let next = tokio::select! {
-            () = state.requests_ended.cancelled() => return None,
+            () = state.requests_ended.tripped() => return None,
             next = from_agent.recv() => next,
         };
         match next {
@@ -336,7 +343,7 @@ impl KasInternal for InternalService {
         // Whichever side ends first ends the exchange: the response is complete (or the routing
         // kas reset the stream), or the routing kas went away (its caller cancelled) and the
         // agent's tunnel must be dropped so agentk cancels the API server request.
-        let requests_ended = CancellationToken::new();
+        let requests_ended = Tripwire::new();
         tokio::spawn(tracing::Instrument::instrument(
             relay_requests(
                 self.router.clone(),

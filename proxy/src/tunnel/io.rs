@@ -130,7 +130,7 @@ struct Lifetime {
     done: Option<DropGuard>,
     permits: Mutex<Vec<tokio::sync::OwnedSemaphorePermit>>,
     /// Set when the request side failed (e.g. the caller's body broke): the response side stops.
-    aborted: CancellationToken,
+    aborted: super::Tripwire,
     abort_reason: Mutex<Option<KasError>>,
     order: SharedOrder,
     /// This side ended the stream with a status (`Outbound::fail`): never reused.
@@ -219,7 +219,7 @@ impl Drop for Lifetime {
         let Some(rest) = self.rest.get_mut().unwrap_or_else(PoisonError::into_inner).take() else { return };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
         let reuse = self.reuse.get_mut().unwrap_or_else(PoisonError::into_inner).take();
-        let finished = !*self.failed.get_mut() && !self.aborted.is_cancelled() && lock(&self.order).is_finished();
+        let finished = !*self.failed.get_mut() && !self.aborted.is_tripped() && lock(&self.order).is_finished();
         match reuse {
             Some(Reusable::Agent(r)) if finished && !r.to_agent.is_closed() => {
                 metrics::counter!(super::TUNNELS_REUSED).increment(1);
@@ -351,7 +351,7 @@ impl TunnelIo {
         let lifetime = Arc::new(Lifetime {
             done,
             permits: Mutex::default(),
-            aborted: CancellationToken::new(),
+            aborted: super::Tripwire::new(),
             abort_reason: Mutex::default(),
             order: order.clone(),
             failed: AtomicBool::new(false),
@@ -471,7 +471,7 @@ impl TunnelSender {
         self._lifetime.failed.store(true, Ordering::Release);
         self.out.fail(Status::cancelled(error.to_string()));
         *self._lifetime.abort_reason.lock().unwrap_or_else(PoisonError::into_inner) = Some(error);
-        self._lifetime.aborted.cancel();
+        self._lifetime.aborted.trip();
     }
 
     /// Sends one frame (checked against the frame order first).
@@ -564,7 +564,7 @@ impl TunnelReceiver {
         };
         tokio::select! {
             biased;
-            () = aborted.cancelled() => {
+            () = aborted.tripped() => {
                 let error = self._lifetime.abort_reason.lock().unwrap_or_else(PoisonError::into_inner).clone();
                 Err(error.unwrap_or_else(|| KasError::InvalidArgument("the request was aborted".into())))
             }
@@ -614,7 +614,7 @@ impl TunnelReceiver {
         let next = loop {
             tokio::select! {
                 biased;
-                () = self._lifetime.aborted.cancelled() => {
+                () = self._lifetime.aborted.tripped() => {
                     let error = self._lifetime.abort_reason.lock().unwrap_or_else(PoisonError::into_inner).clone();
                     return Err(error.unwrap_or_else(|| KasError::InvalidArgument("the request was aborted".into())));
                 }

@@ -13,6 +13,7 @@
 
 pub mod forwards;
 mod io;
+mod tripwire;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,6 +28,7 @@ pub use io::{
     ClosedSignal, Reroute, ToAgent, ToAgentItem, ToPeer, TunnelIo, TunnelReceiver, TunnelSender, UnaryResponse,
     agent_error, read_to_end,
 };
+pub use tripwire::Tripwire;
 
 /// Counter of agentk tunnels put back into the idle pool after an exchange (described with
 /// kas's other metrics).
