@@ -214,6 +214,9 @@ pub(super) struct Reuse {
     pub id: u64,
 }
 
+/// Counted once per reused tunnel: the handle is kept (see `crate::metrics::Registered`).
+static TUNNELS_REUSED_COUNTER: crate::metrics::Registered<metrics::Counter> = crate::metrics::Registered::new();
+
 impl Drop for Lifetime {
     fn drop(&mut self) {
         let Some(rest) = self.rest.get_mut().unwrap_or_else(PoisonError::into_inner).take() else { return };
@@ -222,7 +225,7 @@ impl Drop for Lifetime {
         let finished = !*self.failed.get_mut() && !self.aborted.is_tripped() && lock(&self.order).is_finished();
         match reuse {
             Some(Reusable::Agent(r)) if finished && !r.to_agent.is_closed() => {
-                metrics::counter!(super::TUNNELS_REUSED).increment(1);
+                TUNNELS_REUSED_COUNTER.get(|| metrics::counter!(super::TUNNELS_REUSED)).increment(1);
                 let io = TunnelIo::new(
                     Outbound::Agent(r.to_agent.clone()),
                     rest,
