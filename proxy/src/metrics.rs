@@ -11,8 +11,6 @@ use std::time::Duration;
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
-use crate::tunnel::TunnelStats;
-
 pub const ROUTED: &str = "kas_routed_requests_total";
 pub const ROUTE_DURATION: &str = "kas_route_duration_seconds";
 pub const ROUTE_WAIT: &str = "kas_route_wait_seconds";
@@ -28,8 +26,12 @@ pub const GITLAB_REQUESTS: &str = "kas_gitlab_requests_total";
 pub const SHARED_AGENT_INFO: &str = "kas_agent_info_shared_cache_total";
 pub const AUTH_FAILURES: &str = "kas_auth_failures_total";
 pub const AGENT_CONNECTION_ADMISSIONS: &str = "kas_agent_connection_admissions_total";
-pub use crate::tunnel::TUNNELS_REUSED;
-pub use crate::tunnel::forwards::{FORWARDS_REROUTED, FORWARDS_REUSED};
+/// agentk tunnels put back into the idle pool after an exchange (counted in `tunnel::io`).
+pub const TUNNELS_REUSED: &str = "kas_tunnels_reused_total";
+/// Forwarded requests that reused an idle `ForwardTunnel` stream (counted in `tunnel::forwards`).
+pub const FORWARDS_REUSED: &str = "kas_forwards_reused_total";
+/// Requests sent again elsewhere after their kept stream failed before the response.
+pub const FORWARDS_REROUTED: &str = "kas_forwards_rerouted_total";
 
 /// How a routed request ended (the `outcome` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -200,11 +202,11 @@ pub fn registry_operation(operation: &'static str, ok: bool) {
     }
 }
 
-/// Sets the gauges that describe this kas's tunnels (at scrape time).
-pub fn set_tunnel_gauges(stats: &TunnelStats) {
-    metrics::gauge!(CONNECTIONS).set(stats.connections as f64);
-    metrics::gauge!(IDLE_TUNNELS).set(stats.idle_tunnels as f64);
-    metrics::gauge!(WAITING_REQUESTS).set(stats.waiting_requests as f64);
+/// Sets the gauges that describe this kas's tunnels (at scrape time, from `TunnelStats`).
+pub fn set_tunnel_gauges(connections: usize, idle_tunnels: usize, waiting_requests: usize) {
+    metrics::gauge!(CONNECTIONS).set(connections as f64);
+    metrics::gauge!(IDLE_TUNNELS).set(idle_tunnels as f64);
+    metrics::gauge!(WAITING_REQUESTS).set(waiting_requests as f64);
 }
 
 pub fn gitlab_request(outcome: &'static str) {

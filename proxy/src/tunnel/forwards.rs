@@ -23,14 +23,8 @@ use tonic::Status;
 
 use super::{ToPeer, TunnelIo, read_to_end};
 
-/// Counter of forwarded requests that reused an idle `ForwardTunnel` stream (described with
-/// kas's other metrics).
-pub const FORWARDS_REUSED: &str = "kas_forwards_reused_total";
 /// Counted once per request on a kept stream: the handle is kept (see `crate::metrics::Registered`).
 static FORWARDS_REUSED_COUNTER: crate::metrics::Registered<metrics::Counter> = crate::metrics::Registered::new();
-
-/// Counter of requests sent again elsewhere after their kept stream failed before the response.
-pub const FORWARDS_REROUTED: &str = "kas_forwards_rerouted_total";
 
 /// An idle stream is dropped after this (well inside the gateway's own wait, so the routing kas
 /// ends it, not the gateway).
@@ -129,7 +123,7 @@ impl IdleForwards {
             // Anything from the gateway while idle (its end, an error) means the stream is over;
             // an open stream has nothing to say, so this poll leaves it as it was.
             if fresh && from_peer.next().now_or_never().is_none() {
-                FORWARDS_REUSED_COUNTER.get(|| metrics::counter!(FORWARDS_REUSED)).increment(1);
+                FORWARDS_REUSED_COUNTER.get(|| metrics::counter!(crate::metrics::FORWARDS_REUSED)).increment(1);
                 return Some(TunnelIo::remote(
                     to_peer,
                     from_peer,

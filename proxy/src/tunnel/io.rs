@@ -225,7 +225,7 @@ impl Drop for Lifetime {
         let finished = !*self.failed.get_mut() && !self.aborted.is_tripped() && lock(&self.order).is_finished();
         match reuse {
             Some(Reusable::Agent(r)) if finished && !r.to_agent.is_closed() => {
-                TUNNELS_REUSED_COUNTER.get(|| metrics::counter!(super::TUNNELS_REUSED)).increment(1);
+                TUNNELS_REUSED_COUNTER.get(|| metrics::counter!(crate::metrics::TUNNELS_REUSED)).increment(1);
                 let io = TunnelIo::new(
                     Outbound::Agent(r.to_agent.clone()),
                     rest,
@@ -593,7 +593,7 @@ impl TunnelReceiver {
         let frames = replay.frames?;
         let failed = self.stream_failure.take().unwrap_or_else(|| Status::unavailable("the kept stream ended"));
         tracing::debug!(error = %failed.message(), "a kept forwarded stream failed before the response; routing the request again");
-        metrics::counter!(super::forwards::FORWARDS_REROUTED).increment(1);
+        metrics::counter!(crate::metrics::FORWARDS_REROUTED).increment(1);
         let io = match replay.reroute.reroute(&failed).await {
             Ok(io) => io,
             Err(e) => return Some(Err(e)),

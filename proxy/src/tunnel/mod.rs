@@ -30,10 +30,6 @@ pub use io::{
 };
 pub use tripwire::Tripwire;
 
-/// Counter of agentk tunnels put back into the idle pool after an exchange (described with
-/// kas's other metrics).
-pub const TUNNELS_REUSED: &str = "kas_tunnels_reused_total";
-
 /// What a request needs from a tunnel.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TunnelQuery {
