@@ -119,6 +119,7 @@ type ApiService = BoxCloneSyncService<http::Request<ProxyBody>, http::Response<I
 
 pub struct KubernetesApi {
     service: ApiService,
+    api_server: ApiServerUrl,
     timeouts: ApiTimeouts,
     /// The agent configuration as last received from kas.
     configuration: Configuration,
@@ -143,13 +144,19 @@ impl KubernetesApi {
         let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
             .http1_max_buf_size(API_SERVER_READ_BUFFER)
             .build(connector);
+        // The API server's URL is joined to each request's path here (`ApiServerUrl`), not by
+        // kube-rs's base URI layer, which parses its scheme and authority again per request.
         let service = ServiceBuilder::new()
-            .layer(config.base_uri_layer())
             .option_layer(config.auth_layer()?)
             .layer(config.extra_headers_layer()?)
             .map_err(BoxError::from)
             .service(client);
-        Ok(Self { service: BoxCloneSyncService::new(service), timeouts, configuration })
+        Ok(Self {
+            service: BoxCloneSyncService::new(service),
+            api_server: ApiServerUrl::new(&config.cluster_url),
+            timeouts,
+            configuration,
+        })
     }
 
     /// Why the agent configuration refuses this request, if it does.
@@ -234,6 +241,48 @@ fn method_and_uri(head: &HttpRequestHead) -> Result<(http::Method, http::Uri), S
     Ok((method, uri))
 }
 
+/// The API server's URL, which each request's path and query are joined to as kube-rs's
+/// `BaseUriLayer` joins them (a path in the URL, e.g. a Rancher proxy's, prefixes every request
+/// path), with the scheme and authority kept parsed rather than parsed again per request.
+#[derive(Debug, Clone)]
+struct ApiServerUrl {
+    scheme: Option<http::uri::Scheme>,
+    authority: Option<http::uri::Authority>,
+    /// The URL's path and query; `None` when it has none.
+    path_and_query: Option<http::uri::PathAndQuery>,
+    /// Its path without trailing slashes: what request paths are appended to.
+    prefix: String,
+}
+
+impl ApiServerUrl {
+    fn new(url: &http::Uri) -> Self {
+        let path_and_query = url.path_and_query().cloned();
+        let prefix = path_and_query.as_ref().map(|pq| pq.path().trim_end_matches('/').to_owned()).unwrap_or_default();
+        Self { scheme: url.scheme().cloned(), authority: url.authority().cloned(), path_and_query, prefix }
+    }
+
+    /// `request` (a path and query, as `method_and_uri` makes it) on the API server.
+    fn join(&self, request: http::Uri) -> Result<http::Uri, Status> {
+        let requested = request.into_parts().path_and_query;
+        let path_and_query = match (&self.path_and_query, requested) {
+            (Some(_), Some(requested)) if self.prefix.is_empty() => Some(requested),
+            (Some(_), Some(requested)) => Some(
+                format!("{}{requested}", self.prefix)
+                    .parse()
+                    .map_err(|e| Status::invalid_argument(format!("invalid request path: {e}")))?,
+            ),
+            (Some(own), None) => Some(own.clone()),
+            (None, requested) => requested,
+        };
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = self.scheme.clone();
+        parts.authority = self.authority.clone();
+        parts.path_and_query = path_and_query;
+        http::Uri::from_parts(parts)
+            .map_err(|e| Status::internal(format!("the API server URL does not take the path: {e}")))
+    }
+}
+
 /// [`FORWARDED_REQUEST_HEADERS`], parsed once.
 static FORWARDED_NAMES: std::sync::LazyLock<Vec<HeaderName>> =
     std::sync::LazyLock::new(|| FORWARDED_REQUEST_HEADERS.iter().map(|n| HeaderName::from_static(n)).collect());
@@ -300,15 +349,16 @@ impl KubernetesApi {
         // CloseSend together) goes out without a body. A streamed body of unknown length would
         // make hyper send it chunked, its end ("0\r\n\r\n") in a write of its own.
         let bodiless = !upgrade && request.ended_now();
-        let (body_tx, body_rx) = mpsc::channel(BODY_BUFFER);
-        let body: ProxyBody = if upgrade || bodiless {
-            Empty::<Bytes>::new().map_err(|e: Infallible| match e {}).boxed()
+        // The channel only for a streamed body: a GET's would be allocated for nothing.
+        let (body, body_tx): (ProxyBody, _) = if upgrade || bodiless {
+            (Empty::<Bytes>::new().map_err(|e: Infallible| match e {}).boxed(), None)
         } else {
-            StreamBody::new(ReceiverStream::new(body_rx)).boxed()
+            let (body_tx, body_rx) = mpsc::channel(BODY_BUFFER);
+            (StreamBody::new(ReceiverStream::new(body_rx)).boxed(), Some(body_tx))
         };
         let mut http_request = http::Request::new(body);
         *http_request.method_mut() = method;
-        *http_request.uri_mut() = uri;
+        *http_request.uri_mut() = self.api_server.join(uri)?;
         *http_request.headers_mut() = headers;
         tracing::debug!(method = %head.method, path = %head.path, upgrade, impersonated, "proxying to the Kubernetes API");
 
@@ -316,7 +366,7 @@ impl KubernetesApi {
         let head_deadline = tokio::time::Instant::now() + self.timeouts.response_header;
         let call = self.service.clone().oneshot(http_request);
         tokio::pin!(call);
-        let mut body = if bodiless { BodyPump::ended() } else { BodyPump::new((!upgrade).then_some(body_tx)) };
+        let mut body = if bodiless { BodyPump::ended() } else { BodyPump::new(body_tx) };
         // The request body and the response proceed together (the API server reads the body
         // before it answers, and may answer before it read all of it). Once the body is sent,
         // the tunnel is still watched: kas ending it means the caller went away, and dropping
@@ -593,6 +643,38 @@ mod tests {
                 .push(Bytes::copy_from_slice(v.as_bytes()));
         }
         HttpRequestHead { method: "GET".into(), path: "/api".into(), headers: map }
+    }
+
+    /// The URL each request goes to is the one kube-rs's `BaseUriLayer` (which agentk used
+    /// before) makes: API server URLs with and without a path, trailing slashes, IPv6, and
+    /// request paths with queries and escapes.
+    #[tokio::test]
+    async fn api_server_urls_join_request_paths_as_kube_rs_does() {
+        let bases = [
+            "https://10.0.0.1:6443",
+            "https://10.0.0.1:6443/",
+            "http://[::1]:8080",
+            "https://rancher.example/k8s/clusters/c-m-1",
+            "https://rancher.example/k8s/clusters/c-m-1//",
+            "https://kubernetes.default.svc",
+        ];
+        let paths = ["/", "/api", "/api/v1/namespaces/default/pods?watch=1&labelSelector=a%3Db", "/apis/apps/v1/"];
+        for base in bases {
+            let base: http::Uri = base.parse().unwrap();
+            let ours = ApiServerUrl::new(&base);
+            for path in paths {
+                let request = method_and_uri(&HttpRequestHead { method: "GET".into(), path: path.into(), ..head(&[]) })
+                    .unwrap()
+                    .1;
+                let kube_rs = tower::ServiceBuilder::new()
+                    .layer(kube::client::middleware::BaseUriLayer::new(base.clone()))
+                    .service_fn(|r: http::Request<()>| async move { Ok::<_, Infallible>(r.uri().clone()) });
+                let mut http_request = http::Request::new(());
+                *http_request.uri_mut() = request.clone();
+                let expected = kube_rs.oneshot(http_request).await.unwrap();
+                assert_eq!(ours.join(request).unwrap(), expected, "{base} + {path}");
+            }
+        }
     }
 
     #[test]
