@@ -202,11 +202,23 @@ pub fn registry_operation(operation: &'static str, ok: bool) {
     }
 }
 
-/// Sets the gauges that describe this kas's tunnels (at scrape time, from `TunnelStats`).
-pub fn set_tunnel_gauges(connections: usize, idle_tunnels: usize, waiting_requests: usize) {
-    metrics::gauge!(CONNECTIONS).set(connections as f64);
-    metrics::gauge!(IDLE_TUNNELS).set(idle_tunnels as f64);
-    metrics::gauge!(WAITING_REQUESTS).set(waiting_requests as f64);
+/// An agentk tunnel went back into the idle pool after an exchange (once per reused exchange:
+/// the handle is kept).
+pub fn tunnel_reused() {
+    static HANDLE: Registered<metrics::Counter> = Registered::new();
+    HANDLE.get(|| metrics::counter!(TUNNELS_REUSED)).increment(1);
+}
+
+/// A forwarded request took an idle `ForwardTunnel` stream (once per such request: the handle is
+/// kept).
+pub fn forward_reused() {
+    static HANDLE: Registered<metrics::Counter> = Registered::new();
+    HANDLE.get(|| metrics::counter!(FORWARDS_REUSED)).increment(1);
+}
+
+/// A request was sent again elsewhere after its kept stream failed before the response (rare).
+pub fn forward_rerouted() {
+    metrics::counter!(FORWARDS_REROUTED).increment(1);
 }
 
 pub fn gitlab_request(outcome: &'static str) {

@@ -31,7 +31,7 @@ pub fn router(state: ObservabilityState) -> axum::Router {
 
 async fn metrics(State(state): State<ObservabilityState>) -> Response {
     if let Ok(stats) = state.tunnels.stats().await {
-        crate::metrics::set_tunnel_gauges(stats.connections, stats.idle_tunnels, stats.waiting_requests);
+        stats.record_gauges();
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], crate::metrics::handle().render()).into_response()
 }

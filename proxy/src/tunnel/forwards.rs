@@ -23,9 +23,6 @@ use tonic::Status;
 
 use super::{ToPeer, TunnelIo, read_to_end};
 
-/// Counted once per request on a kept stream: the handle is kept (see `crate::metrics::Registered`).
-static FORWARDS_REUSED_COUNTER: crate::metrics::Registered<metrics::Counter> = crate::metrics::Registered::new();
-
 /// An idle stream is dropped after this (well inside the gateway's own wait, so the routing kas
 /// ends it, not the gateway).
 pub const IDLE_FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
@@ -123,7 +120,7 @@ impl IdleForwards {
             // Anything from the gateway while idle (its end, an error) means the stream is over;
             // an open stream has nothing to say, so this poll leaves it as it was.
             if fresh && from_peer.next().now_or_never().is_none() {
-                FORWARDS_REUSED_COUNTER.get(|| metrics::counter!(crate::metrics::FORWARDS_REUSED)).increment(1);
+                crate::metrics::forward_reused();
                 return Some(TunnelIo::remote(
                     to_peer,
                     from_peer,

@@ -214,9 +214,6 @@ pub(super) struct Reuse {
     pub id: u64,
 }
 
-/// Counted once per reused tunnel: the handle is kept (see `crate::metrics::Registered`).
-static TUNNELS_REUSED_COUNTER: crate::metrics::Registered<metrics::Counter> = crate::metrics::Registered::new();
-
 impl Drop for Lifetime {
     fn drop(&mut self) {
         let Some(rest) = self.rest.get_mut().unwrap_or_else(PoisonError::into_inner).take() else { return };
@@ -225,7 +222,7 @@ impl Drop for Lifetime {
         let finished = !*self.failed.get_mut() && !self.aborted.is_tripped() && lock(&self.order).is_finished();
         match reuse {
             Some(Reusable::Agent(r)) if finished && !r.to_agent.is_closed() => {
-                TUNNELS_REUSED_COUNTER.get(|| metrics::counter!(crate::metrics::TUNNELS_REUSED)).increment(1);
+                crate::metrics::tunnel_reused();
                 let io = TunnelIo::new(
                     Outbound::Agent(r.to_agent.clone()),
                     rest,
@@ -593,7 +590,7 @@ impl TunnelReceiver {
         let frames = replay.frames?;
         let failed = self.stream_failure.take().unwrap_or_else(|| Status::unavailable("the kept stream ended"));
         tracing::debug!(error = %failed.message(), "a kept forwarded stream failed before the response; routing the request again");
-        metrics::counter!(crate::metrics::FORWARDS_REROUTED).increment(1);
+        crate::metrics::forward_rerouted();
         let io = match replay.reroute.reroute(&failed).await {
             Ok(io) => io,
             Err(e) => return Some(Err(e)),

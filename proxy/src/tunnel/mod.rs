@@ -76,6 +76,15 @@ pub struct TunnelStats {
     pub waiting_requests: usize,
 }
 
+impl TunnelStats {
+    /// Sets the gauges that describe this kas's tunnels (at scrape time).
+    pub fn record_gauges(&self) {
+        metrics::gauge!(crate::metrics::CONNECTIONS).set(self.connections as f64);
+        metrics::gauge!(crate::metrics::IDLE_TUNNELS).set(self.idle_tunnels as f64);
+        metrics::gauge!(crate::metrics::WAITING_REQUESTS).set(self.waiting_requests as f64);
+    }
+}
+
 /// Handle to the tunnel registry.
 #[derive(Clone)]
 pub struct TunnelRegistry {

@@ -68,7 +68,7 @@ mod tests {
         });
         tokio::task::yield_now().await;
         assert!(!waiter.is_finished() && !wire.is_tripped());
-        wire.clone().trip();
+        wire.trip();
         tokio::time::timeout(Duration::from_secs(5), waiter).await.expect("woken").expect("joined");
         assert!(wire.is_tripped());
     }
@@ -109,6 +109,7 @@ mod tests {
         };
         tokio::time::timeout(Duration::from_secs(5), relay).await.expect("the trip ends the loop");
         producer.abort();
-        assert!(wire.is_tripped() && frames <= 100, "{frames}");
+        // The frames sent before the trip were relayed (the last one may lose the race to it).
+        assert!(wire.is_tripped() && (99..=100).contains(&frames), "{frames}");
     }
 }

@@ -128,9 +128,10 @@ pub struct KubernetesApi {
 type Configuration = tokio::sync::watch::Receiver<Option<kas_proto::tunnel::pb::ConfigurationResponse>>;
 
 impl KubernetesApi {
-    /// The same TLS, base URL and authentication stack kube-rs builds, around a plain hyper
-    /// client with streaming bodies and without kube-rs's read/write timeouts (agentk's own
-    /// `timeouts` apply instead; kube-rs's 30 s connect timeout is not from the kubeconfig).
+    /// The same TLS and authentication stack kube-rs builds, around a plain hyper client with
+    /// streaming bodies and without kube-rs's read/write timeouts (agentk's own `timeouts` apply
+    /// instead; kube-rs's 30 s connect timeout is not from the kubeconfig). The base URL is
+    /// joined as kube-rs joins it, by [`ApiServerUrl`].
     pub fn new(
         config: &kube::Config,
         configuration: Configuration,
@@ -244,7 +245,7 @@ fn method_and_uri(head: &HttpRequestHead) -> Result<(http::Method, http::Uri), S
 /// The API server's URL, which each request's path and query are joined to as kube-rs's
 /// `BaseUriLayer` joins them (a path in the URL, e.g. a Rancher proxy's, prefixes every request
 /// path), with the scheme and authority kept parsed rather than parsed again per request.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct ApiServerUrl {
     scheme: Option<http::uri::Scheme>,
     authority: Option<http::uri::Authority>,
