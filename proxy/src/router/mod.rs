@@ -152,7 +152,7 @@ struct RouteAgain {
     target: Target,
     deadline: Instant,
     /// The peer whose kept stream failed.
-    peer: String,
+    peer: Arc<str>,
 }
 
 #[async_trait::async_trait]
@@ -282,12 +282,17 @@ impl Router {
         }
         let (wait, caller_bound) = self.wait_for(caller_deadline);
         let deadline = started + wait;
-        // Subscribe before scanning the registry: a connection that appears after the scan
-        // wakes us.
+        // Then a peer, as the registry said a moment ago: the common case through a second kas,
+        // again before subscribing to anything.
+        if let Some(io) = self.try_peers(target, deadline, Lookup::Cached, kept).await? {
+            return Ok(self.routed(target, io, RouteOutcome::Peer, started));
+        }
+        // Nothing took it: the request waits. Subscribe, then scan the registry again: a
+        // connection that appeared after the scan above, or appears after this one, is not missed.
         let mut events = self.registry.subscribe();
         // A peer coming back up may hold the agent's only other connection.
         let mut peer_up = self.peers.watch_up();
-        if let Some(io) = self.try_peers(target, deadline, Lookup::Cached, kept).await? {
+        if let Some(io) = self.try_peers(target, deadline, Lookup::Fresh, kept).await? {
             return Ok(self.routed(target, io, RouteOutcome::Peer, started));
         }
         if target.wait_only_if_seen && !self.seen_recently(target.agent_id).await {
@@ -347,42 +352,31 @@ impl Router {
         })
     }
 
-    /// Connections of the agent held by other live kas instances, in random order (spreads load
-    /// across replicas), and whether they came from [`PeerLocations`].
-    async fn peer_candidates(&self, target: &Target, lookup: Lookup) -> (Vec<ConnectedAgentInfo>, bool) {
-        let cached = match lookup {
-            Lookup::Cached => self.locations.get(target.agent_id),
-            Lookup::Fresh => None,
-        };
-        let from_cache = cached.is_some();
-        let all = match cached {
-            Some(all) => all,
-            None => match self.registry.connections_by_agent_id(target.agent_id).await {
-                Ok(all) => {
-                    let all: Arc<[ConnectedAgentInfo]> = all.into();
-                    if all.is_empty() {
-                        self.locations.forget(target.agent_id);
-                    } else {
-                        self.locations.put(target.agent_id, all.clone());
-                    }
-                    all
+    /// Where the registry says the agent's connections are (every kas's, this one's included),
+    /// and whether that came from [`PeerLocations`].
+    async fn agent_connections(&self, target: &Target, lookup: Lookup) -> (Arc<[ConnectedAgentInfo]>, bool) {
+        if lookup == Lookup::Cached
+            && let Some(all) = self.locations.get(target.agent_id)
+        {
+            return (all, true);
+        }
+        let all = match self.registry.connections_by_agent_id(target.agent_id).await {
+            Ok(all) => {
+                let all: Arc<[ConnectedAgentInfo]> = all.into();
+                if all.is_empty() {
+                    self.locations.forget(target.agent_id);
+                } else {
+                    self.locations.put(target.agent_id, all.clone());
                 }
-                Err(e) => {
-                    // Redis down: local routing still works; remote agents are unreachable for now.
-                    tracing::warn!(agent_id = %target.agent_id, error = %e, "registry lookup failed");
-                    Arc::from(Vec::new())
-                }
-            },
+                all
+            }
+            Err(e) => {
+                // Redis down: local routing still works; remote agents are unreachable for now.
+                tracing::warn!(agent_id = %target.agent_id, error = %e, "registry lookup failed");
+                Arc::from(Vec::new())
+            }
         };
-        let own = &self.registry.instance().instance_id;
-        let mut candidates: Vec<ConnectedAgentInfo> = all
-            .iter()
-            .filter(|c| &c.kas_instance_id != own)
-            .filter(|c| target.connection_id.is_any() || c.connection_id == target.connection_id.0)
-            .cloned()
-            .collect();
-        candidates.shuffle(&mut rand::rng());
-        (candidates, from_cache)
+        (all, false)
     }
 
     /// Tries each peer holding a connection of the agent; `None` if none could take it. When the
@@ -394,35 +388,48 @@ impl Router {
         lookup: Lookup,
         kept: Kept,
     ) -> Result<Option<TunnelIo>, KasError> {
-        let (candidates, from_cache) = self.peer_candidates(target, lookup).await;
-        if let Some(io) = self.try_candidates(target, deadline, candidates, kept).await? {
+        let (all, from_cache) = self.agent_connections(target, lookup).await;
+        if let Some(io) = self.try_candidates(target, deadline, &all, kept).await? {
             return Ok(Some(io));
         }
         if !from_cache {
             return Ok(None);
         }
         self.locations.forget(target.agent_id);
-        let (candidates, _) = self.peer_candidates(target, Lookup::Fresh).await;
-        self.try_candidates(target, deadline, candidates, kept).await
+        let (all, _) = self.agent_connections(target, Lookup::Fresh).await;
+        self.try_candidates(target, deadline, &all, kept).await
     }
 
+    /// Tries the connections of `all` that other live kas instances hold (and that the target
+    /// names), in random order: spreads load across replicas.
     async fn try_candidates(
         &self,
         target: &Target,
         deadline: Instant,
-        candidates: Vec<ConnectedAgentInfo>,
+        all: &[ConnectedAgentInfo],
         kept: Kept,
     ) -> Result<Option<TunnelIo>, KasError> {
+        let own = &self.registry.instance().instance_id;
+        // Borrowed, not cloned: a record is seven strings, and this runs for every request
+        // through a second kas.
+        let mut candidates: Vec<&ConnectedAgentInfo> = all
+            .iter()
+            .filter(|c| &c.kas_instance_id != own)
+            .filter(|c| target.connection_id.is_any() || c.connection_id == target.connection_id.0)
+            .collect();
+        candidates.shuffle(&mut rand::rng());
         for candidate in candidates {
             let wait = deadline.saturating_duration_since(Instant::now());
             if wait.is_zero() {
                 break;
             }
-            match self.peers.open(&candidate, &target.method, wait, kept).await {
-                Ok(io) => {
-                    if io.is_kept()
-                        && let Some(peer) = peers::peer_address(&candidate)
-                    {
+            let opened = match peers::peer_address(candidate) {
+                Some(peer) => self.peers.open(candidate, &peer, &target.method, wait, kept).await.map(|io| (io, peer)),
+                None => Err(PeerError::Unavailable("connection record without a kas address".into())),
+            };
+            match opened {
+                Ok((io, peer)) => {
+                    if io.is_kept() {
                         io.enable_replay(Box::new(RouteAgain {
                             router: self.clone(),
                             target: target.clone(),

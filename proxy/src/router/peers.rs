@@ -67,8 +67,8 @@ pub enum Kept {
 }
 
 /// `ip:port` of the kas holding `connection`, as peers are keyed.
-pub fn peer_address(connection: &ConnectedAgentInfo) -> Option<String> {
-    connection.kas_address.as_ref().map(socket_address)
+pub fn peer_address(connection: &ConnectedAgentInfo) -> Option<Arc<str>> {
+    connection.kas_address.as_ref().map(|a| Arc::from(socket_address(a)))
 }
 
 /// Why a peer could not take a request; the router tries the next connection in every case
@@ -201,7 +201,8 @@ impl Peers {
         self.shared.up.subscribe()
     }
 
-    /// Opens a forwarded tunnel to the kas holding `connection`. Returns once that kas has
+    /// Opens a forwarded tunnel to the kas holding `connection`, at `address` (its
+    /// [`peer_address`]). Returns once that kas has
     /// found a local tunnel for it (its response headers arrived), so nothing is sent to a kas
     /// that cannot serve the request.
     /// `kept`: a stream kept from an earlier request to the same connection may be used (see
@@ -210,13 +211,12 @@ impl Peers {
     pub async fn open(
         &self,
         connection: &ConnectedAgentInfo,
+        address: &Arc<str>,
         method: &str,
         wait: Duration,
         kept: Kept,
     ) -> Result<TunnelIo, PeerError> {
-        let address = peer_address(connection)
-            .ok_or_else(|| PeerError::Unavailable("connection record without a kas address".into()))?;
-        let channel = self.shared.channel_if_up(&address)?;
+        let channel = self.shared.channel_if_up(address)?;
         let key = ForwardKey {
             peer: address.clone(),
             agent_id: AgentId(connection.id),
@@ -253,7 +253,7 @@ impl Peers {
                 Ok(TunnelIo::remote(tx, response.into_inner().boxed(), response_credit, reuse, false))
             }
             Err(status) if is_transport_failure(&status) => {
-                Shared::mark_down(&self.shared, &address, &status);
+                Shared::mark_down(&self.shared, address, &status);
                 Err(PeerError::Down)
             }
             Err(status) => Err(match status.code() {

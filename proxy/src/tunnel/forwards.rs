@@ -36,7 +36,8 @@ const MAX_IDLE_PER_PEER: usize = 256;
 /// Which agent connection, through which peer kas.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ForwardKey {
-    pub peer: String,
+    /// `ip:port`, shared: the key is cloned for every stream taken and put back.
+    pub peer: Arc<str>,
     pub agent_id: AgentId,
     pub connection_id: ConnectionId,
 }
@@ -63,7 +64,7 @@ impl IdleForward {
 #[derive(Default)]
 struct Entries {
     by_key: HashMap<ForwardKey, Vec<IdleForward>>,
-    per_peer: HashMap<String, usize>,
+    per_peer: HashMap<Arc<str>, usize>,
 }
 
 impl Entries {
@@ -175,7 +176,7 @@ impl IdleForwards {
         let expired: Vec<IdleForward> = {
             let mut entries = self.entries();
             let mut expired = Vec::new();
-            let mut gone: Vec<(String, usize)> = Vec::new();
+            let mut gone: Vec<(Arc<str>, usize)> = Vec::new();
             entries.by_key.retain(|key, list| {
                 let (old, young): (Vec<_>, Vec<_>) =
                     std::mem::take(list).into_iter().partition(|i| i.since.elapsed() >= IDLE_FORWARD_TIMEOUT);
