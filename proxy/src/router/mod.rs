@@ -5,7 +5,7 @@
 //! 2. else a connection held by another live kas (from the registry), forwarded over
 //!    `KasInternal.ForwardTunnel` — trying the next connection when a peer answers "not here"
 //!    or is gone;
-//! 3. else it waits: subscribed to registry events *before* scanning (so no wake-up is lost),
+//! 3. else it waits: subscribed to registry events *before* scanning again (so no wake-up is lost),
 //!    parked in the local tunnel registry, until the agent connects here or anywhere, the caller
 //!    gives up, or the deadline passes; then it says plainly whether the agent is not connected
 //!    or just busy.
