@@ -2,7 +2,7 @@
 //!
 //! A proxied HTTP body's data stays as it came from the API server: agentk writes the gRPC
 //! message prefix and the `ConnectRequest { message: Message { data: HttpFrame { body } } }` keys
-//! and lengths, and hands the data itself to HTTP/2 as it is ([`frames`]), which writes it to
+//! and lengths, and hands the data itself to HTTP/2 as it is ([`chunks`]), which writes it to
 //! the socket from there (h2 writes a DATA frame's payload of more than 256 bytes without
 //! copying it). Encoding the `HttpFrame` first and then the `ConnectRequest` made two copies of
 //! every body byte (issue 14: 11 % of agentk's samples on a 200 MiB response); writing it into
@@ -109,38 +109,68 @@ fn grpc_prefix(message_len: usize, buf: &mut BytesMut) -> Result<(), Status> {
     Ok(())
 }
 
-/// One item in gRPC's framing: one chunk, or for a larger body the message's head and then the
-/// body's own bytes, not copied.
-fn frames(item: Outbound) -> Result<(Bytes, Option<Bytes>), Status> {
+/// Writes `item` in gRPC's framing at the end of `buf`; a body of [`COPY_BODY_BELOW`] or more
+/// bytes is not copied: only its message's head is written, and the body is returned, to be
+/// sent right after `buf`'s bytes.
+fn frame_into(item: Outbound, buf: &mut BytesMut) -> Result<Option<Bytes>, Status> {
     match item {
         Outbound::Frame(frame) => {
             let len = frame.encoded_len();
-            let mut buf = BytesMut::with_capacity(GRPC_PREFIX_LEN + len);
-            grpc_prefix(len, &mut buf)?;
-            frame.encode(&mut buf).map_err(|e| Status::internal(e.to_string()))?;
-            Ok((buf.freeze(), None))
+            buf.reserve(GRPC_PREFIX_LEN + len);
+            grpc_prefix(len, buf)?;
+            frame.encode(buf).map_err(|e| Status::internal(e.to_string()))?;
+            Ok(None)
         }
         Outbound::HttpBody(body) => {
             let len = http_body_request_len(body.len());
             let copied = body.len() < COPY_BODY_BELOW;
-            let mut buf = BytesMut::with_capacity(GRPC_PREFIX_LEN + if copied { len } else { len - body.len() });
-            grpc_prefix(len, &mut buf)?;
-            encode_http_body_head(body.len(), &mut buf);
+            buf.reserve(GRPC_PREFIX_LEN + if copied { len } else { len - body.len() });
+            grpc_prefix(len, buf)?;
+            encode_http_body_head(body.len(), buf);
             if copied {
                 buf.put_slice(&body);
-                return Ok((buf.freeze(), None));
+                return Ok(None);
             }
-            Ok((buf.freeze(), Some(body)))
+            Ok(Some(body))
         }
     }
 }
+
+/// The items that were ready together, as few chunks as possible (each becomes an HTTP/2 DATA
+/// frame, all written at once): small ones copied together, as tonic's encoder buffers them (a
+/// small response's head, body and trailer in one), a large body's bytes a chunk of their own.
+fn chunks(items: Vec<Outbound>) -> Vec<Result<Bytes, Status>> {
+    let mut out = Vec::new();
+    let mut buf = BytesMut::new();
+    for item in items {
+        match frame_into(item, &mut buf) {
+            Ok(None) => {}
+            Ok(Some(body)) => {
+                out.push(Ok(buf.split().freeze()));
+                out.push(Ok(body));
+            }
+            Err(status) => {
+                out.push(Err(status));
+                return out;
+            }
+        }
+    }
+    if !buf.is_empty() {
+        out.push(Ok(buf.freeze()));
+    }
+    out
+}
+
+/// Items that were ready together are framed together up to this many (the tunnel's send
+/// buffer holds fewer).
+const READY_ITEMS: usize = 16;
 
 /// The path of `AgentTunnel.Connect`.
 const CONNECT_PATH: &str = "/kas.tunnel.v1.AgentTunnel/Connect";
 
 /// Opens a tunnel (`AgentTunnel.Connect`) sending `request`'s items, as tonic's generated client
 /// would (the same headers, framing and response handling) but with body data written as it is
-/// ([`frames`]): tonic's client encodes every message into its own send buffer.
+/// ([`chunks`]): tonic's client encodes every message into its own send buffer.
 pub async fn connect<S>(
     channel: tonic::transport::Channel,
     request: tonic::Request<S>,
@@ -155,14 +185,9 @@ where
     let (metadata, mut extensions, items) = request.into_parts();
     // An item that cannot be framed (a message over 4 GiB) ends the request body with an error,
     // which resets the stream, as tonic's encoder does.
-    let data = items.flat_map(|item| {
-        let frames = match frames(item) {
-            Ok((first, None)) => vec![Ok(Frame::data(first))],
-            Ok((head, Some(body))) => vec![Ok(Frame::data(head)), Ok(Frame::data(body))],
-            Err(status) => vec![Err(status)],
-        };
-        futures::stream::iter(frames)
-    });
+    let data = items
+        .ready_chunks(READY_ITEMS)
+        .flat_map(|ready| futures::stream::iter(chunks(ready).into_iter().map(|chunk| chunk.map(Frame::data))));
     let mut http_request = http::Request::new(tonic::body::Body::new(http_body_util::StreamBody::new(data)));
     *http_request.method_mut() = http::Method::POST;
     *http_request.uri_mut() = http::Uri::from_static(CONNECT_PATH);
@@ -209,16 +234,15 @@ mod tests {
         for len in [0, 1, 100, 127, 128, 4_095, 4_096, 16_383, 16_384, 65_536, 2_097_151, 2_097_152] {
             let body = Bytes::from((0..len).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
             let frame = ConnectRequest::message(HttpFrame::body(body.clone()).to_bytes());
-            let (head, rest) = frames(Outbound::HttpBody(body.clone())).unwrap();
-            let mut written = head.to_vec();
-            match &rest {
-                Some(data) => {
-                    assert!(len >= COPY_BODY_BELOW, "body of {len} bytes sent apart");
-                    assert_eq!(data.as_ptr(), body.as_ptr(), "body of {len} bytes was copied");
-                    written.extend_from_slice(data);
-                }
-                None => assert!(len < COPY_BODY_BELOW, "body of {len} bytes copied"),
+            let sent = chunks(vec![Outbound::HttpBody(body.clone())]);
+            let sent: Vec<Bytes> = sent.into_iter().map(Result::unwrap).collect();
+            if len >= COPY_BODY_BELOW {
+                assert_eq!(sent.len(), 2, "body of {len} bytes sent apart");
+                assert_eq!(sent[1].as_ptr(), body.as_ptr(), "body of {len} bytes was copied");
+            } else {
+                assert_eq!(sent.len(), 1, "body of {len} bytes copied behind its head");
             }
+            let written = sent.concat();
             assert_eq!(written, as_tonic_writes(&frame), "body of {len} bytes");
             assert_eq!(http_body_request_len(len), frame.encoded_len(), "body of {len} bytes");
             assert_eq!(http_body_frame_len(len), HttpFrame::body(body.clone()).encoded_len(), "body of {len} bytes");
@@ -232,8 +256,24 @@ mod tests {
             response_credit: true,
             reusable: true,
         });
-        let (written, rest) = frames(Outbound::Frame(descriptor.clone())).unwrap();
-        assert!(rest.is_none());
-        assert_eq!(written, as_tonic_writes(&descriptor));
+        // Ready together: the small items in one chunk, a large body's bytes in their own.
+        let large = Bytes::from(vec![7u8; 65_536]);
+        let items = vec![
+            Outbound::Frame(descriptor.clone()),
+            Outbound::HttpBody(Bytes::from_static(b"{}")),
+            Outbound::HttpBody(large.clone()),
+            Outbound::Frame(descriptor.clone()),
+        ];
+        let sent: Vec<Bytes> = chunks(items).into_iter().map(Result::unwrap).collect();
+        assert_eq!(sent.len(), 3);
+        assert_eq!(sent[1].as_ptr(), large.as_ptr());
+        let expected = [
+            as_tonic_writes(&descriptor),
+            as_tonic_writes(&ConnectRequest::message(HttpFrame::body(Bytes::from_static(b"{}")).to_bytes())),
+            as_tonic_writes(&ConnectRequest::message(HttpFrame::body(large).to_bytes())),
+            as_tonic_writes(&descriptor),
+        ]
+        .concat();
+        assert_eq!(sent.concat(), expected);
     }
 }
