@@ -161,9 +161,9 @@ fn chunks(items: Vec<Outbound>) -> Vec<Result<Bytes, Status>> {
     out
 }
 
-/// Items that were ready together are framed together up to this many (the tunnel's send
-/// buffer holds fewer).
-const READY_ITEMS: usize = 16;
+/// Items that were ready together are framed together up to this many: as many as the tunnel's
+/// send buffer holds (a small response's head, body and trailer are sent as one batch).
+const READY_ITEMS: usize = kas_proto::flow::HOP_BUFFER;
 
 /// The path of `AgentTunnel.Connect`.
 const CONNECT_PATH: &str = "/kas.tunnel.v1.AgentTunnel/Connect";

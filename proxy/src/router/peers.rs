@@ -202,9 +202,8 @@ impl Peers {
     }
 
     /// Opens a forwarded tunnel to the kas holding `connection`, at `address` (its
-    /// [`peer_address`]). Returns once that kas has
-    /// found a local tunnel for it (its response headers arrived), so nothing is sent to a kas
-    /// that cannot serve the request.
+    /// [`peer_address`]). Returns once that kas has found a local tunnel for it (its response
+    /// headers arrived), so nothing is sent to a kas that cannot serve the request.
     /// `kept`: a stream kept from an earlier request to the same connection may be used (see
     /// `tunnel::forwards`); then the tunnel [`TunnelIo::is_kept`] and nothing said the peer is
     /// alive before the request goes out.
