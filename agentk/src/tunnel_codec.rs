@@ -3,8 +3,8 @@
 //! A proxied HTTP body's data stays as it came from the API server: agentk writes the gRPC
 //! message prefix and the `ConnectRequest { message: Message { data: HttpFrame { body } } }` keys
 //! and lengths, and hands the data itself to HTTP/2 as it is ([`chunks`]), which writes it to
-//! the socket from there (h2 writes a DATA frame's payload of more than 256 bytes without
-//! copying it). Encoding the `HttpFrame` first and then the `ConnectRequest` made two copies of
+//! the socket from there (the vendored h2 writes a DATA frame's payload of 4 KiB or more from
+//! where it is, `CHAIN_THRESHOLD` in vendor/h2/src/codec/framed_write.rs). Encoding the `HttpFrame` first and then the `ConnectRequest` made two copies of
 //! every body byte (issue 14: 11 % of agentk's samples on a 200 MiB response); writing it into
 //! tonic's send buffer made one (4.6-5.3 %). The bytes on the wire are exactly what prost writes
 //! for that message, in the gRPC framing tonic writes.
@@ -98,7 +98,8 @@ fn encode_http_body_head(body_len: usize, buf: &mut impl BufMut) {
 /// The gRPC message prefix: a byte saying "not compressed", then the message's length.
 const GRPC_PREFIX_LEN: usize = 5;
 /// A body this small is copied behind its message's head (one DATA frame, as tonic sends it):
-/// a frame of its own would cost more than the copy.
+/// h2 copies a payload under its `CHAIN_THRESHOLD` (4 KiB in the vendored h2) into its write
+/// buffer anyway, so a frame of its own would save no copy.
 const COPY_BODY_BELOW: usize = 4 * 1024;
 
 fn grpc_prefix(message_len: usize, buf: &mut BytesMut) -> Result<(), Status> {

@@ -103,6 +103,9 @@ impl<T, U> Default for Codec<T, U> {
 }
 
 /// tonic's buffer settings of every tunnel call: [`CODEC_BUFFER`] and [`YIELD_THRESHOLD`].
+/// agentk's `AgentTunnel.Connect` request body is the exception: agentk frames it itself
+/// (`agentk::tunnel_codec`), with items ready together in one write as here, and body data not
+/// copied.
 pub fn buffer_settings() -> tonic::codec::BufferSettings {
     tonic::codec::BufferSettings::new(CODEC_BUFFER, YIELD_THRESHOLD)
 }
