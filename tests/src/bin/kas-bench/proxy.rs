@@ -427,6 +427,26 @@ struct Round {
     wait_per_10k: Vec<f64>,
     /// Share of the machine's CPU time left idle over the 16-connection phase (0 to 1).
     idle16: f64,
+    /// CPU milliseconds per MB (10^6 bytes) of each process of the path over the round's 200 MiB
+    /// GETs, then of the processes every path shares ([`Shared`]: the load generator, the upstream).
+    big_ms_per_mb: Vec<f64>,
+    /// Share of the machine's CPU time left idle over the round's 200 MiB GETs (0 to 1).
+    idle_big: f64,
+}
+
+/// The processes every path shares, whose CPU per byte is part of what a path's throughput costs
+/// the machine: this program (the load generator) and the upstream.
+struct Shared {
+    load_generator: ProcRef,
+    upstream: ProcRef,
+}
+
+impl Shared {
+    const ROLES: [&'static str; 2] = ["load generator", "upstream"];
+
+    fn procs(&self) -> [ProcRef; 2] {
+        [self.load_generator, self.upstream]
+    }
 }
 
 impl Target {
@@ -527,7 +547,7 @@ fn big_gets_per_round() -> usize {
     std::env::var("BENCH_BIG_GETS").ok().and_then(|s| s.parse::<usize>().ok()).unwrap_or(1).max(1)
 }
 
-async fn measure_round(t: &mut Target, ticks_per_s: f64) {
+async fn measure_round(t: &mut Target, shared: &Shared, ticks_per_s: f64) {
     let Ok(base) = t.base.clone() else { return };
     // Warm-up: 16 connections opened (and tunnels, for the peers) before anything is timed.
     let (_, bad, _) = small_gets(t, &base, CONCURRENCY, CONCURRENCY * 20).await;
@@ -557,15 +577,38 @@ async fn measure_round(t: &mut Target, ticks_per_s: f64) {
 
     let gets = big_gets_per_round();
     let mut each = Vec::with_capacity(gets);
+    // CPU of the path's processes and of the shared ones over all of the round's 200 MiB GETs
+    // (one GET is about half a second here, 50 clock ticks of a busy process).
+    let big_procs: Vec<ProcRef> = t.procs.iter().map(|(_, p)| *p).chain(shared.procs()).collect();
+    let cpu_seconds =
+        |procs: &[ProcRef]| -> Vec<f64> { procs.iter().map(|p| p.cpu_ticks() as f64 / ticks_per_s).collect() };
+    let (big_before, machine_big_before) = (cpu_seconds(&big_procs), machine_cpu_ticks());
+    let mut big_bytes = 0u64;
     for _ in 0..gets {
         match big_body(t, &base).await {
-            Ok(m) => each.push(m),
+            Ok(m) => {
+                each.push(m);
+                big_bytes += BIG_SIZE;
+            }
             Err(e) => {
                 t.note_bad(e);
                 each.push(0.0);
             }
         }
     }
+    let machine_big_after = machine_cpu_ticks();
+    let mb = big_bytes as f64 / 1e6;
+    let big_ms_per_mb = cpu_seconds(&big_procs)
+        .into_iter()
+        .zip(big_before)
+        .map(|(after, before)| if mb > 0.0 { (after - before).max(0.0) * 1e3 / mb } else { 0.0 })
+        .collect();
+    let all_big = machine_big_after.0.saturating_sub(machine_big_before.0);
+    let idle_big = if all_big == 0 {
+        0.0
+    } else {
+        machine_big_after.1.saturating_sub(machine_big_before.1) as f64 / all_big as f64
+    };
     let mbps = median_f(each);
     t.rounds.push(Round {
         rps16: sixteen.len() as f64 / elapsed.as_secs_f64(),
@@ -576,6 +619,8 @@ async fn measure_round(t: &mut Target, ticks_per_s: f64) {
         cpu_per_10k,
         wait_per_10k,
         idle16,
+        big_ms_per_mb,
+        idle_big,
     });
 }
 
@@ -598,6 +643,7 @@ fn summarize(rounds: &[Round]) -> Option<Round> {
         return None;
     }
     let n = rounds[0].cpu_per_10k.len();
+    let n_big = rounds[0].big_ms_per_mb.len();
     Some(Round {
         rps16: median_f(rounds.iter().map(|r| r.rps16).collect()),
         p99_16: median_d(rounds.iter().map(|r| r.p99_16).collect()),
@@ -607,6 +653,8 @@ fn summarize(rounds: &[Round]) -> Option<Round> {
         cpu_per_10k: (0..n).map(|i| median_f(rounds.iter().map(|r| r.cpu_per_10k[i]).collect())).collect(),
         wait_per_10k: (0..n).map(|i| median_f(rounds.iter().map(|r| r.wait_per_10k[i]).collect())).collect(),
         idle16: median_f(rounds.iter().map(|r| r.idle16).collect()),
+        big_ms_per_mb: (0..n_big).map(|i| median_f(rounds.iter().map(|r| r.big_ms_per_mb[i]).collect())).collect(),
+        idle_big: median_f(rounds.iter().map(|r| r.idle_big).collect()),
     })
 }
 
@@ -758,9 +806,13 @@ async fn run_paths(rounds: usize, report: &mut String) -> Result<(), Unavailable
     }
 
     let ticks = clock_ticks_per_second();
+    let shared = Shared {
+        load_generator: ProcRef { pid: std::process::id() },
+        upstream: ProcRef { pid: upstream_proc.child.id() },
+    };
     for _ in 0..rounds {
         for t in &mut targets {
-            measure_round(t, ticks).await;
+            measure_round(t, &shared, ticks).await;
         }
     }
 
@@ -864,7 +916,46 @@ fn write_paths_report(targets: &[Target], rounds: usize, report: &mut String) {
         }
         let _ = writeln!(report);
     }
+    write_big_body_cpu(targets, &summaries, report);
     write_goals(targets, &summaries, report);
+}
+
+/// What the 200 MiB GETs cost the machine per byte, process by process: a path's MB/s is bounded
+/// by the CPUs its whole chain (load generator and upstream included) needs per MB.
+fn write_big_body_cpu(targets: &[Target], summaries: &[Option<Round>], report: &mut String) {
+    let _ = writeln!(
+        report,
+        "CPU per MB over each round's {} MiB GETs (utime+stime of each process over all of the round's \
+         GETs, per 10^6 bytes; median over the rounds), with the processes every path shares: the load \
+         generator (this program) and the upstream. \"CPUs busy\" is their sum times the MB/s: how much \
+         of the machine the chain used while it ran.\n",
+        BIG_SIZE >> 20
+    );
+    let _ = writeln!(
+        report,
+        "| path | 200 MiB MB/s | CPU ms per MB | load generator + upstream ms per MB | CPUs busy | idle CPU during the GETs |\n\
+         | --- | --- | --- | --- | --- | --- |"
+    );
+    for (t, s) in targets.iter().zip(summaries) {
+        let (Ok(_), Some(s)) = (&t.base, s) else { continue };
+        let (own, shared) = s.big_ms_per_mb.split_at(s.big_ms_per_mb.len().saturating_sub(Shared::ROLES.len()));
+        let own_text = if t.procs.is_empty() {
+            "—".to_owned()
+        } else {
+            t.procs.iter().zip(own).map(|((role, _), c)| format!("{role} {c:.2}")).collect::<Vec<_>>().join(" + ")
+        };
+        let shared_text =
+            Shared::ROLES.iter().zip(shared).map(|(role, c)| format!("{role} {c:.2}")).collect::<Vec<_>>().join(" + ");
+        let busy = s.big_ms_per_mb.iter().sum::<f64>() * s.mbps / 1e3;
+        let _ = writeln!(
+            report,
+            "| {} | {:.0} | {own_text} | {shared_text} | {busy:.2} | {:.0} % |",
+            t.name,
+            s.mbps,
+            s.idle_big * 100.0
+        );
+    }
+    let _ = writeln!(report);
 }
 
 fn write_goals(targets: &[Target], summaries: &[Option<Round>], report: &mut String) {
@@ -912,7 +1003,23 @@ fn write_goals(targets: &[Target], summaries: &[Option<Round>], report: &mut Str
         let _ = writeln!(report, "| {goal} | {measured} | {} |", mark(ok));
     }
     let _ = writeln!(report);
+    write_big_body_need(one, rathole, report);
     write_hop_costs(&find, one, two, report);
+}
+
+/// The CPUs the kas + agentk chain would keep busy at the 200 MiB goal's rate, at this run's CPU
+/// per MB: above the machine's CPUs, the goal needs less CPU per byte, not better scheduling.
+fn write_big_body_need(one: &Round, rathole: &Round, report: &mut String) {
+    let goal_mbps = 1.5 * rathole.mbps;
+    let ms_per_mb: f64 = one.big_ms_per_mb.iter().sum();
+    let cpus = std::thread::available_parallelism().map_or(0, std::num::NonZeroUsize::get);
+    let _ = writeln!(
+        report,
+        "At the 200 MiB goal's rate ({goal_mbps:.0} MB/s, 1.5× rathole's), the kas + agentk chain at this \
+         run's CPU per MB ({ms_per_mb:.2} ms, load generator and upstream included) would keep {:.2} CPUs \
+         busy; this machine has {cpus}.\n",
+        ms_per_mb * goal_mbps / 1e3
+    );
 }
 
 /// What one more process adds to the p50 at one connection: the scale against which the
