@@ -928,7 +928,8 @@ fn write_big_body_cpu(targets: &[Target], summaries: &[Option<Round>], report: &
         "CPU per MB over each round's {} MiB GETs (utime+stime of each process over all of the round's \
          GETs, per 10^6 bytes; median over the rounds), with the processes every path shares: the load \
          generator (this program) and the upstream. \"CPUs busy\" is their sum times the MB/s: how much \
-         of the machine the chain used while it ran.\n",
+         of the machine the chain used while it ran (a socat relay's own CPU is its children's and not \
+         counted).\n",
         BIG_SIZE >> 20
     );
     let _ = writeln!(
