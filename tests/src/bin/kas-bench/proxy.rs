@@ -128,6 +128,13 @@ fn machine_cpu_ticks() -> (u64, u64) {
     (fields.iter().sum(), field(3) + field(4))
 }
 
+/// The share of the machine's CPU time left idle between two [`machine_cpu_ticks`] readings
+/// (0 to 1).
+fn idle_share(before: (u64, u64), after: (u64, u64)) -> f64 {
+    let all = after.0.saturating_sub(before.0);
+    if all == 0 { 0.0 } else { after.1.saturating_sub(before.1) as f64 / all as f64 }
+}
+
 fn clock_ticks_per_second() -> f64 {
     Command::new("getconf")
         .arg("CLK_TCK")
@@ -571,8 +578,7 @@ async fn measure_round(t: &mut Target, shared: &Shared, ticks_per_s: f64) {
         .zip(before)
         .map(|((cpu, wait), (cpu0, wait0))| (per_10k(cpu - cpu0), per_10k(wait - wait0)))
         .unzip();
-    let all = machine_after.0.saturating_sub(machine_before.0);
-    let idle16 = if all == 0 { 0.0 } else { machine_after.1.saturating_sub(machine_before.1) as f64 / all as f64 };
+    let idle16 = idle_share(machine_before, machine_after);
     bad.into_iter().for_each(|b| t.note_bad(b));
 
     let gets = big_gets_per_round();
@@ -603,12 +609,7 @@ async fn measure_round(t: &mut Target, shared: &Shared, ticks_per_s: f64) {
         .zip(big_before)
         .map(|(after, before)| if mb > 0.0 { (after - before).max(0.0) * 1e3 / mb } else { 0.0 })
         .collect();
-    let all_big = machine_big_after.0.saturating_sub(machine_big_before.0);
-    let idle_big = if all_big == 0 {
-        0.0
-    } else {
-        machine_big_after.1.saturating_sub(machine_big_before.1) as f64 / all_big as f64
-    };
+    let idle_big = idle_share(machine_big_before, machine_big_after);
     let mbps = median_f(each);
     t.rounds.push(Round {
         rps16: sixteen.len() as f64 / elapsed.as_secs_f64(),
