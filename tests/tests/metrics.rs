@@ -22,6 +22,12 @@ async fn health_and_metrics() {
     assert_eq!(http_get(&format!("{}/readyz", obs(&c, 0))).await, (200, "ok\n".to_owned()));
 
     let _a = c.start_agentk(1, 0, "agentk-0").await;
+    // agentk is ready once it sent a Descriptor; kas registers the tunnel a moment later, and a
+    // request before that waits (outcome "waited", not "local": seen once in CI).
+    eventually!(
+        c.kas[0].handle.tunnel_stats().await.is_some_and(|s| s.idle_tunnels >= 1),
+        "kas holds an idle tunnel of agent 1"
+    );
     c.api(0).get_pods(GetPodsRequest { agent_id: 1, connection_id: 0 }).await.unwrap();
     // Kubernetes API proxy bytes are counted.
     let url = format!("{}/api/v1/agents/1/kubernetes/api/v1/namespaces/default/pods", c.rest_url(0));
