@@ -32,9 +32,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut config = tonic_prost_build::Config::new();
     config.protoc_executable(&protoc);
     config.bytes(["."]);
-    // The tunnel's metadata and the proxied heads' headers: a handful of short keys per message,
-    // for which a B-tree's comparisons cost less than hashing every key with SipHash (issue 14).
-    config.btree_map([".kas.tunnel.v1", ".kas.kubernetes_api.v1"]);
+    // The tunnel's metadata: a handful of short keys per message, for which a B-tree's
+    // comparisons cost less than hashing every key with SipHash (issue 14).
+    config.btree_map([".kas.tunnel.v1"]);
+    // The proxied heads are written by hand, with their headers as an `http::HeaderMap`
+    // (`src/http/head.rs`); the generated `HttpFrame` holds those.
+    for head in ["HttpRequestHead", "HttpResponseHead"] {
+        config.extern_path(format!(".kas.kubernetes_api.v1.{head}"), format!("crate::http::{head}"));
+    }
     // `AgentTunnel.Connect` would clash with the generated `Client::connect(dst)`; clients are
     // built with `::new(channel)` instead, so transport constructors are not generated.
     tonic_prost_build::configure()

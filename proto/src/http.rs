@@ -9,7 +9,10 @@ use http::header::{
 };
 use prost::Message;
 
-use crate::kubernetes_api::{HeaderValues, HttpFrame, HttpRequestHead, HttpResponseHead, http_frame};
+use crate::kubernetes_api::{HeaderValues, HttpFrame, http_frame};
+
+mod head;
+pub use head::{HttpRequestHead, HttpResponseHead};
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1): they describe one connection and are never forwarded,
 /// except `Connection`/`Upgrade` of a protocol upgrade, which the proxy carries end to end.
@@ -72,26 +75,26 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     }
 }
 
-pub fn headers_to_proto(headers: &HeaderMap) -> BTreeMap<String, HeaderValues> {
-    let mut out: BTreeMap<String, HeaderValues> = BTreeMap::new();
-    for (name, value) in headers {
-        out.entry(name.as_str().to_owned()).or_default().values.push(Bytes::copy_from_slice(value.as_bytes()));
-    }
-    out
+/// A request head as a peer may put it on the wire: its headers a map keyed by the names as
+/// sent, which is what prost generates for the message. For tests of what arbitrary peers send
+/// (names that differ in case, or are not valid HTTP); kas and agentk use [`HttpRequestHead`].
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct WireRequestHead {
+    #[prost(string, tag = "1")]
+    pub method: String,
+    #[prost(string, tag = "2")]
+    pub path: String,
+    #[prost(btree_map = "string, message", tag = "3")]
+    pub headers: BTreeMap<String, HeaderValues>,
 }
 
-/// Converts back, skipping names or values that are not valid HTTP (never panics on peer input).
-pub fn headers_from_proto(headers: &BTreeMap<String, HeaderValues>) -> HeaderMap {
-    let mut out = HeaderMap::new();
-    for (name, values) in headers {
-        let Ok(name) = HeaderName::from_bytes(name.as_bytes()) else { continue };
-        for v in &values.values {
-            if let Ok(v) = HeaderValue::from_bytes(v) {
-                out.append(name.clone(), v);
-            }
-        }
-    }
-    out
+/// A response head as a peer may put it on the wire (see [`WireRequestHead`]).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct WireResponseHead {
+    #[prost(uint32, tag = "1")]
+    pub status: u32,
+    #[prost(btree_map = "string, message", tag = "2")]
+    pub headers: BTreeMap<String, HeaderValues>,
 }
 
 impl HttpFrame {
@@ -157,15 +160,91 @@ mod tests {
     }
 
     #[test]
-    fn header_round_trip_keeps_repeated_values_and_skips_invalid() {
+    fn head_round_trip_keeps_repeated_values_and_decoding_skips_invalid_headers() {
         let mut h = HeaderMap::new();
         h.append("accept", "a".parse().unwrap());
         h.append("accept", "b".parse().unwrap());
-        let mut p = headers_to_proto(&h);
-        assert_eq!(headers_from_proto(&p), h);
-        p.insert("bad name".into(), HeaderValues { values: vec![Bytes::from_static(b"x")] });
-        p.insert("x-bad-value".into(), HeaderValues { values: vec![Bytes::from_static(b"a\nb")] });
-        assert_eq!(headers_from_proto(&p), h);
+        h.append("x-other", "c".parse().unwrap());
+        let head = HttpResponseHead { status: 200, headers: h.clone() };
+        assert_eq!(HttpResponseHead::decode(head.encode_to_vec().as_slice()).unwrap(), head);
+        let values =
+            |v: &[&'static str]| HeaderValues { values: v.iter().map(|v| Bytes::from_static(v.as_bytes())).collect() };
+        let mut wire = WireResponseHead { status: 200, headers: BTreeMap::new() };
+        wire.headers.insert("Accept".into(), values(&["a", "b"]));
+        wire.headers.insert("X-Other".into(), values(&["c", "bad\nvalue"]));
+        wire.headers.insert("bad name".into(), values(&["x"]));
+        wire.headers.insert("x-none".into(), values(&[]));
+        let decoded = HttpResponseHead::decode(wire.encode_to_vec().as_slice()).unwrap();
+        assert_eq!(decoded.headers, h);
+    }
+
+    /// A name appended to again after another name is still one map entry, with all its values
+    /// (a peer's map would otherwise keep only one of two entries of the same name).
+    #[test]
+    fn a_name_appended_to_between_others_is_encoded_as_one_entry() {
+        let mut headers = HeaderMap::new();
+        headers.append("x-a", HeaderValue::from_static("1"));
+        headers.append("x-b", HeaderValue::from_static("2"));
+        headers.append("x-a", HeaderValue::from_static("3"));
+        let head = HttpResponseHead { status: 200, headers };
+        let wire = WireResponseHead::decode(head.encode_to_vec().as_slice()).unwrap();
+        assert_eq!(wire.headers.len(), 2);
+        assert_eq!(wire.headers["x-a"].values, [Bytes::from_static(b"1"), Bytes::from_static(b"3")]);
+        assert_eq!(head.encode_to_vec().len(), head.encoded_len());
+    }
+
+    /// A head received in two pieces (a `Buf` whose chunks split a name or a length anywhere)
+    /// decodes as the whole does.
+    #[test]
+    fn a_head_split_anywhere_decodes_as_the_whole() {
+        let mut headers = HeaderMap::new();
+        headers.append("content-type", HeaderValue::from_static("application/json"));
+        headers.append("x-kubernetes-pf-flowschema-uid", HeaderValue::from_static("0a1b"));
+        headers.append("x-kubernetes-pf-flowschema-uid", HeaderValue::from_static("2c3d"));
+        let head = HttpRequestHead { method: "GET".into(), path: "/api/v1/pods".into(), headers };
+        let encoded = head.encode_to_vec();
+        for at in 0..=encoded.len() {
+            let (a, b) = encoded.split_at(at);
+            assert_eq!(HttpRequestHead::decode(bytes::Buf::chain(a, b)).unwrap(), head, "split at {at}");
+        }
+    }
+
+    /// The values of a decoded head share the buffer it was decoded from (no copy per value).
+    #[test]
+    fn decoded_header_values_share_the_received_buffer() {
+        let mut headers = HeaderMap::new();
+        headers.insert("x-long", HeaderValue::from_static("a value long enough to be found"));
+        let encoded = Bytes::from(HttpFrame::response_head(HttpResponseHead { status: 200, headers }).encode_to_vec());
+        let Some(http_frame::Frame::ResponseHead(head)) = HttpFrame::decode(encoded.clone()).unwrap().frame else {
+            panic!("not a response head")
+        };
+        let value = head.headers["x-long"].as_bytes().as_ptr_range();
+        assert!(encoded.as_ptr_range().contains(&value.start), "the value was copied");
+    }
+
+    /// Protobuf merges a message field that appears twice: a map entry whose `HeaderValues`
+    /// comes in two parts keeps the values of both, and an entry may name its key last.
+    #[test]
+    fn a_header_entry_in_any_field_order_and_in_parts_decodes_whole() {
+        use prost::encoding::{WireType, encode_key, encode_varint};
+        let field = |tag: u32, bytes: &[u8], out: &mut Vec<u8>| {
+            encode_key(tag, WireType::LengthDelimited, out);
+            encode_varint(bytes.len() as u64, out);
+            out.extend_from_slice(bytes);
+        };
+        let mut values_a = Vec::new();
+        field(1, b"a", &mut values_a);
+        let mut values_b = Vec::new();
+        field(1, b"b", &mut values_b);
+        let mut entry = Vec::new();
+        field(2, &values_a, &mut entry);
+        field(2, &values_b, &mut entry);
+        field(1, b"Accept", &mut entry);
+        let mut head = Vec::new();
+        field(2, &entry, &mut head);
+        let decoded = HttpResponseHead::decode(head.as_slice()).unwrap();
+        let got: Vec<&[u8]> = decoded.headers.get_all("accept").iter().map(HeaderValue::as_bytes).collect();
+        assert_eq!(got, [b"a".as_slice(), b"b"]);
     }
 }
 
@@ -208,6 +287,36 @@ mod proptests {
         )
     }
 
+    /// The conversion kas and agentk made from prost's map before the heads were decoded by hand
+    /// (`head.rs`): the reference the decoding is held to.
+    fn header_map_of(headers: &BTreeMap<String, HeaderValues>) -> HeaderMap {
+        let mut out = HeaderMap::new();
+        for (name, values) in headers {
+            let Ok(name) = HeaderName::from_bytes(name.as_bytes()) else { continue };
+            for v in &values.values {
+                if let Ok(v) = HeaderValue::from_bytes(v) {
+                    out.append(name.clone(), v);
+                }
+            }
+        }
+        out
+    }
+
+    /// Headers as prost's map, the names lowercased (what kas and agentk sent before).
+    fn map_of(headers: &HeaderMap) -> BTreeMap<String, HeaderValues> {
+        let mut out: BTreeMap<String, HeaderValues> = BTreeMap::new();
+        for (name, value) in headers {
+            out.entry(name.as_str().to_owned()).or_default().values.push(Bytes::copy_from_slice(value.as_bytes()));
+        }
+        out
+    }
+
+    /// Arbitrary peer headers, decoded as kas and agentk decode them.
+    fn decoded(headers: &BTreeMap<String, HeaderValues>) -> HeaderMap {
+        let wire = WireResponseHead { status: 200, headers: headers.clone() };
+        HttpResponseHead::decode(wire.encode_to_vec().as_slice()).map(|h| h.headers).unwrap_or_default()
+    }
+
     fn valid(name: &str, value: &[u8]) -> bool {
         HeaderName::from_bytes(name.as_bytes()).is_ok() && HeaderValue::from_bytes(value).is_ok()
     }
@@ -228,17 +337,32 @@ mod proptests {
         /// the frame encoding unchanged.
         #[test]
         fn heads_round_trip(method in ".{0,10}", path in ".{0,40}", status in any::<u32>(), headers in proto_headers()) {
+            let headers = decoded(&headers);
             let request = HttpFrame::request_head(HttpRequestHead { method, path, headers: headers.clone() });
             prop_assert_eq!(HttpFrame::decode(request.to_bytes()).ok(), Some(request));
             let response = HttpFrame::response_head(HttpResponseHead { status, headers });
             prop_assert_eq!(HttpFrame::decode(response.to_bytes()).ok(), Some(response));
         }
 
-        /// Peer headers: invalid names and values are skipped (documented), valid ones all kept
-        /// (names lowercased), and converting back is lossless.
+        /// The heads are what prost's generated messages put on the wire, both ways: whatever a
+        /// peer sends as a map decodes as the conversion from prost's map did, and what kas and
+        /// agentk send decodes, with prost's map, to the headers they meant.
         #[test]
-        fn headers_from_proto_keeps_exactly_the_valid_headers(headers in proto_headers()) {
-            let map = headers_from_proto(&headers);
+        fn heads_decode_and_encode_as_prosts_map_form(method in ".{0,10}", path in ".{0,40}", headers in proto_headers()) {
+            let wire = WireRequestHead { method: method.clone(), path: path.clone(), headers: headers.clone() };
+            let head = HttpRequestHead::decode(wire.encode_to_vec().as_slice()).unwrap();
+            prop_assert_eq!((&head.method, &head.path), (&method, &path));
+            prop_assert_eq!(&head.headers, &header_map_of(&headers));
+            let back = WireRequestHead::decode(head.encode_to_vec().as_slice()).unwrap();
+            prop_assert_eq!(back.headers, map_of(&head.headers));
+            prop_assert_eq!((back.method, back.path), (method, path));
+        }
+
+        /// Peer headers: invalid names and values are skipped (documented), valid ones all kept
+        /// (names lowercased), and encoding them again is lossless.
+        #[test]
+        fn decoding_keeps_exactly_the_valid_headers(headers in proto_headers()) {
+            let map = decoded(&headers);
             let mut expected = 0;
             for (name, values) in &headers {
                 let kept: Vec<&Bytes> = values.values.iter().filter(|v| valid(name, v)).collect();
@@ -252,14 +376,15 @@ mod proptests {
                 }
             }
             prop_assert_eq!(map.len(), expected);
-            prop_assert_eq!(headers_from_proto(&headers_to_proto(&map)), map);
+            let head = HttpResponseHead { status: 200, headers: map };
+            prop_assert_eq!(HttpResponseHead::decode(head.encode_to_vec().as_slice()).ok(), Some(head));
         }
 
         /// After stripping, no hop-by-hop header is left, nor any the Connection header named;
         /// an upgrade keeps exactly `Upgrade` and `Connection: Upgrade`.
         #[test]
         fn no_hop_by_hop_header_survives(headers in proto_headers(), keep_upgrade in any::<bool>()) {
-            let mut map = headers_from_proto(&headers);
+            let mut map = decoded(&headers);
             let named: Vec<HeaderName> = map
                 .get_all(CONNECTION)
                 .iter()

@@ -7,18 +7,15 @@ use std::time::Duration;
 use bytes::Bytes;
 use kas_e2e::{Cluster, eventually};
 use kas_proto::kas::KubernetesRequest;
-use kas_proto::kubernetes_api::{HeaderValues, HttpFrame, HttpRequestHead, http_frame};
+use kas_proto::kubernetes_api::{HttpFrame, HttpRequestHead, http_frame};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
 
 fn head(method: &str, path: &str, headers: &[(&str, &str)]) -> HttpRequestHead {
-    let mut map = std::collections::BTreeMap::new();
+    let mut map = http::HeaderMap::new();
     for (k, v) in headers {
-        map.entry((*k).to_owned())
-            .or_insert_with(HeaderValues::default)
-            .values
-            .push(Bytes::copy_from_slice(v.as_bytes()));
+        map.append(http::HeaderName::from_bytes(k.as_bytes()).unwrap(), http::HeaderValue::from_str(v).unwrap());
     }
     HttpRequestHead { method: method.into(), path: path.into(), headers: map }
 }

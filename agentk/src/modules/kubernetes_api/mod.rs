@@ -34,8 +34,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use kas_proto::impersonation::Impersonation;
 use kas_proto::kubernetes_api::{
-    HttpFrame, HttpRequestHead, HttpResponseHead, headers_to_proto, http_frame, is_discovery_request, is_upgrade,
-    strip_hop_by_hop, warning_header,
+    HttpFrame, HttpRequestHead, HttpResponseHead, http_frame, is_discovery_request, is_upgrade, strip_hop_by_hop,
+    warning_header,
 };
 use kube::client::ConfigExt;
 use prost::Message;
@@ -214,7 +214,7 @@ async fn kubernetes_status(
     if is_discovery_request(&request.method, &request.path) {
         headers.insert(http::header::WARNING, warning_header(message));
     }
-    let head = HttpResponseHead { status: u32::from(code), headers: headers_to_proto(&headers) };
+    let head = HttpResponseHead { status: u32::from(code), headers };
     let mut batch = Batch::default();
     batch
         .header(Default::default())
@@ -288,17 +288,15 @@ impl ApiServerUrl {
 static FORWARDED_NAMES: std::sync::LazyLock<Vec<HeaderName>> =
     std::sync::LazyLock::new(|| FORWARDED_REQUEST_HEADERS.iter().map(|n| HeaderName::from_static(n)).collect());
 
-/// The headers that go to the API server: only the whitelisted ones are taken from the head
-/// (not all of them parsed, then filtered), then hop-by-hop ones are stripped as from the whole
-/// set (the `Connection` header that names them is whitelisted).
+/// The headers that go to the API server: only the whitelisted ones are taken from the head,
+/// then hop-by-hop ones are stripped as from the whole set (the `Connection` header that names
+/// them is whitelisted).
 fn forwarded_headers(head: &HttpRequestHead) -> HeaderMap {
     let mut out = HeaderMap::new();
-    for (name, values) in &head.headers {
-        let Some(name) = FORWARDED_NAMES.iter().find(|n| n.as_str().eq_ignore_ascii_case(name)) else { continue };
-        for v in &values.values {
-            if let Ok(v) = HeaderValue::from_maybe_shared(v.clone()) {
-                out.append(name.clone(), v);
-            }
+    for (name, value) in &head.headers {
+        if FORWARDED_NAMES.contains(name) {
+            // The values share the tunnel message's buffer: cloning one copies no bytes.
+            out.append(name.clone(), value.clone());
         }
     }
     let upgrade = is_upgrade(&out);
@@ -321,7 +319,7 @@ static AGENTK_USER_AGENT: std::sync::LazyLock<HeaderValue> = std::sync::LazyLock
 fn response_head(response: &http::Response<Incoming>) -> HttpResponseHead {
     let mut headers = response.headers().clone();
     strip_hop_by_hop(&mut headers, response.status() == http::StatusCode::SWITCHING_PROTOCOLS);
-    HttpResponseHead { status: u32::from(response.status().as_u16()), headers: headers_to_proto(&headers) }
+    HttpResponseHead { status: u32::from(response.status().as_u16()), headers }
 }
 
 impl KubernetesApi {
@@ -633,17 +631,15 @@ impl super::Module for KubernetesApi {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kas_proto::kubernetes_api::HeaderValues;
+    use kas_proto::kubernetes_api::WireRequestHead;
 
+    /// A head as kas would decode it from a peer that sent these names and values.
     fn head(headers: &[(&str, &str)]) -> HttpRequestHead {
-        let mut map = std::collections::BTreeMap::new();
+        let mut wire = WireRequestHead { method: "GET".into(), path: "/api".into(), headers: Default::default() };
         for (k, v) in headers {
-            map.entry((*k).to_owned())
-                .or_insert_with(HeaderValues::default)
-                .values
-                .push(Bytes::copy_from_slice(v.as_bytes()));
+            wire.headers.entry((*k).to_owned()).or_default().values.push(Bytes::copy_from_slice(v.as_bytes()));
         }
-        HttpRequestHead { method: "GET".into(), path: "/api".into(), headers: map }
+        HttpRequestHead::decode(wire.encode_to_vec().as_slice()).unwrap()
     }
 
     /// The URL each request goes to is the one kube-rs's `BaseUriLayer` (which agentk used
@@ -829,7 +825,8 @@ mod proptests {
         /// caller's credentials or impersonation, and always agentk's User-Agent.
         #[test]
         fn forwarded_headers_of_arbitrary_heads(headers in headers()) {
-            let head = HttpRequestHead { method: "GET".into(), path: "/api".into(), headers };
+            let wire = kas_proto::kubernetes_api::WireRequestHead { method: "GET".into(), path: "/api".into(), headers };
+            let head = HttpRequestHead::decode(wire.encode_to_vec().as_slice()).unwrap();
             let out = forwarded_headers(&head);
             for name in out.keys() {
                 prop_assert!(FORWARDED_REQUEST_HEADERS.contains(&name.as_str()), "{name} forwarded");

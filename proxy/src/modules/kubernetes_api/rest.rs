@@ -16,10 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use futures::StreamExt;
 use hyper_util::rt::TokioIo;
-use kas_proto::kubernetes_api::{
-    HttpRequestHead, headers_from_proto, headers_to_proto, is_discovery_request, is_upgrade, strip_hop_by_hop,
-    warning_header,
-};
+use kas_proto::kubernetes_api::{HttpRequestHead, is_discovery_request, is_upgrade, strip_hop_by_hop, warning_header};
 use kas_proto::tunnel::pb::ConnectResponse;
 use kas_proto::{AgentId, ConnectionId};
 use tokio::io::AsyncWriteExt;
@@ -220,8 +217,7 @@ async fn proxy_inner(
     // Cleaned here, once, not converted to the tunnel's form and back to be cleaned.
     let mut headers = std::mem::take(request.headers_mut());
     sanitize_request_headers(&mut headers);
-    let head =
-        HttpRequestHead { method: request.method().as_str().to_owned(), path, headers: headers_to_proto(&headers) };
+    let head = HttpRequestHead { method: request.method().as_str().to_owned(), path, headers };
     if let Some(impersonation) = &impersonation {
         impersonation.insert_into(&mut metadata);
     }
@@ -264,7 +260,7 @@ async fn proxy_inner(
     };
     let head = exchange.response_head().await?;
     let status = response_status(head.status)?;
-    let mut headers = headers_from_proto(&head.headers);
+    let mut headers = head.headers;
     strip_hop_by_hop(&mut headers, false);
     // hyper stops reading a body once its length is sent (and never reads one a HEAD, 204 or
     // 304 cannot have): the stream then reads the response's end itself, so the exchange ends
@@ -367,7 +363,7 @@ async fn respond_upgrade(
     let head = exchange.response_head().await?;
     let status = response_status(head.status)?;
     let switching = status == http::StatusCode::SWITCHING_PROTOCOLS;
-    let mut headers = headers_from_proto(&head.headers);
+    let mut headers = head.headers;
     strip_hop_by_hop(&mut headers, switching);
     let mut response = Response::new(Body::empty());
     *response.status_mut() = status;

@@ -18,7 +18,6 @@
 //! to the same kas, while a broken connection is replaced by a new one to a kas picked at random
 //! among the live ones, as a load balancer in front of kas would.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -26,7 +25,7 @@ use std::time::{Duration, Instant};
 use agentk::backoff::Backoff;
 use bytes::Bytes;
 use kas_proto::ConnectionId;
-use kas_proto::kubernetes_api::{HeaderValues, HttpFrame, HttpResponseHead};
+use kas_proto::kubernetes_api::{HttpFrame, HttpResponseHead};
 use kas_proto::tunnel::pb::agent_tunnel_client::AgentTunnelClient;
 use kas_proto::tunnel::pb::{self, AgentMeta, ConfigurationRequest, ConnectRequest, connect_response};
 use tokio::sync::mpsc;
@@ -306,11 +305,9 @@ fn response_frames(agent_id: i64) -> [ConnectRequest; 4] {
     let body = Bytes::from(format!(
         "{{\"kind\":\"Status\",\"apiVersion\":\"v1\",\"status\":\"Success\",\"agent\":{agent_id}}}"
     ));
-    let header = |v: &str| HeaderValues { values: vec![Bytes::copy_from_slice(v.as_bytes())] };
-    let headers = BTreeMap::from([
-        ("content-type".to_owned(), header("application/json")),
-        ("content-length".to_owned(), header(&body.len().to_string())),
-    ]);
+    let mut headers = http::HeaderMap::new();
+    headers.insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+    headers.insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(body.len()));
     let head = HttpResponseHead { status: 200, headers };
     [
         ConnectRequest::header(pb::Header::default()),
