@@ -88,6 +88,13 @@ pub struct WireRequestHead {
     pub headers: BTreeMap<String, HeaderValues>,
 }
 
+impl WireRequestHead {
+    /// This head as kas and agentk decode it from the wire.
+    pub fn decoded(&self) -> Result<HttpRequestHead, prost::DecodeError> {
+        HttpRequestHead::decode(self.encode_to_vec().as_slice())
+    }
+}
+
 /// A response head as a peer may put it on the wire (see [`WireRequestHead`]).
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct WireResponseHead {
@@ -95,6 +102,13 @@ pub struct WireResponseHead {
     pub status: u32,
     #[prost(btree_map = "string, message", tag = "2")]
     pub headers: BTreeMap<String, HeaderValues>,
+}
+
+impl WireResponseHead {
+    /// This head as kas and agentk decode it from the wire.
+    pub fn decoded(&self) -> Result<HttpResponseHead, prost::DecodeError> {
+        HttpResponseHead::decode(self.encode_to_vec().as_slice())
+    }
 }
 
 impl HttpFrame {
@@ -174,8 +188,7 @@ mod tests {
         wire.headers.insert("X-Other".into(), values(&["c", "bad\nvalue"]));
         wire.headers.insert("bad name".into(), values(&["x"]));
         wire.headers.insert("x-none".into(), values(&[]));
-        let decoded = HttpResponseHead::decode(wire.encode_to_vec().as_slice()).unwrap();
-        assert_eq!(decoded.headers, h);
+        assert_eq!(wire.decoded().unwrap().headers, h);
     }
 
     /// A name appended to again after another name is still one map entry, with all its values
@@ -311,10 +324,10 @@ mod proptests {
         out
     }
 
-    /// Arbitrary peer headers, decoded as kas and agentk decode them.
+    /// Arbitrary peer headers, decoded as kas and agentk decode them (prost's own encoding of
+    /// them always decodes).
     fn decoded(headers: &BTreeMap<String, HeaderValues>) -> HeaderMap {
-        let wire = WireResponseHead { status: 200, headers: headers.clone() };
-        HttpResponseHead::decode(wire.encode_to_vec().as_slice()).map(|h| h.headers).unwrap_or_default()
+        WireResponseHead { status: 200, headers: headers.clone() }.decoded().expect("a well-formed head").headers
     }
 
     fn valid(name: &str, value: &[u8]) -> bool {
@@ -349,8 +362,7 @@ mod proptests {
         /// agentk send decodes, with prost's map, to the headers they meant.
         #[test]
         fn heads_decode_and_encode_as_prosts_map_form(method in ".{0,10}", path in ".{0,40}", headers in proto_headers()) {
-            let wire = WireRequestHead { method: method.clone(), path: path.clone(), headers: headers.clone() };
-            let head = HttpRequestHead::decode(wire.encode_to_vec().as_slice()).unwrap();
+            let head = WireRequestHead { method: method.clone(), path: path.clone(), headers: headers.clone() }.decoded().unwrap();
             prop_assert_eq!((&head.method, &head.path), (&method, &path));
             prop_assert_eq!(&head.headers, &header_map_of(&headers));
             let back = WireRequestHead::decode(head.encode_to_vec().as_slice()).unwrap();

@@ -639,7 +639,7 @@ mod tests {
         for (k, v) in headers {
             wire.headers.entry((*k).to_owned()).or_default().values.push(Bytes::copy_from_slice(v.as_bytes()));
         }
-        HttpRequestHead::decode(wire.encode_to_vec().as_slice()).unwrap()
+        wire.decoded().unwrap()
     }
 
     /// The URL each request goes to is the one kube-rs's `BaseUriLayer` (which agentk used
@@ -825,8 +825,9 @@ mod proptests {
         /// caller's credentials or impersonation, and always agentk's User-Agent.
         #[test]
         fn forwarded_headers_of_arbitrary_heads(headers in headers()) {
-            let wire = kas_proto::kubernetes_api::WireRequestHead { method: "GET".into(), path: "/api".into(), headers };
-            let head = HttpRequestHead::decode(wire.encode_to_vec().as_slice()).unwrap();
+            let head = kas_proto::kubernetes_api::WireRequestHead { method: "GET".into(), path: "/api".into(), headers }
+                .decoded()
+                .unwrap();
             let out = forwarded_headers(&head);
             for name in out.keys() {
                 prop_assert!(FORWARDED_REQUEST_HEADERS.contains(&name.as_str()), "{name} forwarded");

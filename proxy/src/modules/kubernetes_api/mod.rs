@@ -31,12 +31,8 @@ use crate::tunnel::{TunnelReceiver, TunnelSender, agent_error};
 const DROPPED_REQUEST_HEADERS: [http::HeaderName; 3] =
     [http::header::AUTHORIZATION, http::header::COOKIE, http::header::HOST];
 
-/// Cleans a request head received from a caller.
-pub fn sanitize_request_head(head: &mut HttpRequestHead) {
-    sanitize_request_headers(&mut head.headers);
-}
-
-/// [`sanitize_request_head`] on headers not yet in a head (the rest listener's request).
+/// Cleans the headers of a request received from a caller (a gRPC caller's head, or the rest
+/// listener's request before it becomes one).
 pub fn sanitize_request_headers(headers: &mut http::HeaderMap) {
     let upgrade = kas_proto::kubernetes_api::is_upgrade(headers);
     strip_hop_by_hop(headers, upgrade);
@@ -77,7 +73,7 @@ pub async fn start(
     let request_id = kas_proto::metadata::ensure_request_id(&mut metadata);
     let head = match head {
         RequestHead::Raw(mut head) => {
-            sanitize_request_head(&mut head);
+            sanitize_request_headers(&mut head.headers);
             head
         }
         RequestHead::Sanitized(head) => head,
@@ -283,8 +279,7 @@ mod tests {
 
     /// A head as kas decodes it from a caller that sent `headers` (names as sent).
     pub(super) fn decoded_head(headers: BTreeMap<String, HeaderValues>) -> HttpRequestHead {
-        let wire = WireRequestHead { method: "GET".into(), path: "/api".into(), headers };
-        HttpRequestHead::decode(wire.encode_to_vec().as_slice()).unwrap()
+        WireRequestHead { method: "GET".into(), path: "/api".into(), headers }.decoded().unwrap()
     }
 
     #[test]
@@ -303,7 +298,7 @@ mod tests {
         }
         let mut head = decoded_head(headers);
         assert_eq!(head.headers.len(), 7);
-        sanitize_request_head(&mut head);
+        sanitize_request_headers(&mut head.headers);
         let h = &head.headers;
         assert_eq!(h.len(), 1, "{h:?}");
         assert_eq!(h["accept"], "application/json");
@@ -343,8 +338,11 @@ mod proptests {
             ),
         ) {
             let mut head = super::tests::decoded_head(headers);
-            sanitize_request_head(&mut head);
+            sanitize_request_headers(&mut head.headers);
             let h = &head.headers;
+            // What goes on the wire to agentk: exactly these headers, each value once.
+            let sent = kas_proto::kubernetes_api::WireRequestHead::decode(head.encode_to_vec().as_slice()).unwrap();
+            prop_assert_eq!(h.len(), sent.headers.values().map(|v| v.values.len()).sum::<usize>(), "only valid headers are sent on");
             for name in h.keys() {
                 let name = name.as_str();
                 prop_assert!(!DROPPED_REQUEST_HEADERS.iter().any(|h| h == name) && !name.starts_with("kas-hop-"), "{name} left kas");
