@@ -19,6 +19,8 @@
 //! so kubectl prints "Error from server (Forbidden)". Until the first configuration arrives,
 //! the proxy serves everything (the configuration's default).
 
+mod connections;
+
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::time::Duration;
@@ -31,7 +33,7 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Empty, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use kas_proto::impersonation::Impersonation;
 use kas_proto::kubernetes_api::{
     HttpFrame, HttpRequestHead, HttpResponseHead, http_frame, is_discovery_request, is_upgrade, strip_hop_by_hop,
@@ -46,6 +48,7 @@ use tonic::Status;
 use tower::util::BoxCloneSyncService;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
 
+use self::connections::{ApiServerConnections, Reusable};
 use crate::metrics::Outcome;
 use crate::tunnel::{Batch, Responder, TunnelRequest};
 
@@ -128,10 +131,11 @@ pub struct KubernetesApi {
 type Configuration = tokio::sync::watch::Receiver<Option<kas_proto::tunnel::pb::ConfigurationResponse>>;
 
 impl KubernetesApi {
-    /// The same TLS and authentication stack kube-rs builds, around a plain hyper client with
-    /// streaming bodies and without kube-rs's read/write timeouts (agentk's own `timeouts` apply
-    /// instead; kube-rs's 30 s connect timeout is not from the kubeconfig). The base URL is
-    /// joined as kube-rs joins it, by [`ApiServerUrl`].
+    /// The same TLS and authentication stack kube-rs builds, around agentk's own HTTP/1.1
+    /// connections ([`ApiServerConnections`]) with streaming bodies and without kube-rs's
+    /// read/write timeouts (agentk's own `timeouts` apply instead; kube-rs's 30 s connect
+    /// timeout is not from the kubeconfig). The base URL is joined as kube-rs joins it, by
+    /// [`ApiServerUrl`].
     pub fn new(
         config: &kube::Config,
         configuration: Configuration,
@@ -142,9 +146,7 @@ impl KubernetesApi {
         http.set_connect_timeout(Some(timeouts.connect));
         http.set_nodelay(true);
         let connector = config.rustls_https_connector_with_connector(http)?;
-        let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
-            .http1_max_buf_size(API_SERVER_READ_BUFFER)
-            .build(connector);
+        let client = ApiServerConnections::new(connector, API_SERVER_READ_BUFFER);
         // The API server's URL is joined to each request's path here (`ApiServerUrl`), not by
         // kube-rs's base URI layer, which parses its scheme and authority again per request.
         let service = ServiceBuilder::new()
@@ -387,7 +389,7 @@ impl KubernetesApi {
                 }
             }
         };
-        let response = match response {
+        let mut response = match response {
             Ok(r) => r,
             Err(e) if is_connect_timeout(e.as_ref()) => {
                 let message = format!(
@@ -401,6 +403,9 @@ impl KubernetesApi {
             Err(e) => return Err(Status::unavailable(format!("Kubernetes API unreachable: {e}"))),
         };
         crate::metrics::api_server_latency(started.elapsed());
+        // Dropped (the connection closed) unless the exchange ends cleanly; kept through an
+        // upgrade, which takes the connection over.
+        let mut connection = response.extensions_mut().remove::<Reusable>();
         let mut batch = Batch::default();
         batch.header(Default::default()).message(HttpFrame::response_head(response_head(&response)).to_bytes());
         if response.status() == http::StatusCode::SWITCHING_PROTOCOLS {
@@ -436,6 +441,13 @@ impl KubernetesApi {
             let done = ended && data.is_empty();
             if done {
                 batch.trailer(Default::default());
+            }
+            if done && body.sent_all() {
+                // Back among the idle connections before this response's end goes out: the
+                // caller may send its next request as soon as it reads the end.
+                if let Some(connection) = connection.take() {
+                    connection.release();
+                }
             }
             if !batch.is_empty() {
                 responder.send_batch(std::mem::take(&mut batch)).await?;
@@ -509,6 +521,13 @@ struct BodyPump {
 impl BodyPump {
     fn new(tx: Option<BodySender>) -> Self {
         Self { tx, pending: VecDeque::new(), pending_bytes: 0, complete: false }
+    }
+
+    /// Whether the whole request body was handed to the API server connection (kas ended it
+    /// and nothing is left here): only then can the connection take another request once
+    /// the response ended.
+    fn sent_all(&self) -> bool {
+        self.complete && self.pending.is_empty()
     }
 
     /// The request had no body and its CloseSend was read: only kas ending the tunnel is watched.
