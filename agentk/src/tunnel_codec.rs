@@ -110,6 +110,17 @@ fn grpc_prefix(message_len: usize, buf: &mut BytesMut) -> Result<(), Status> {
     Ok(())
 }
 
+/// What [`frame_into`] writes into its buffer for `item`: a frame, or a body message's head
+/// and, when it is copied, its body.
+fn buffered_len(item: &Outbound) -> usize {
+    GRPC_PREFIX_LEN
+        + match item {
+            Outbound::Frame(frame) => frame.encoded_len(),
+            Outbound::HttpBody(body) if body.len() < COPY_BODY_BELOW => http_body_request_len(body.len()),
+            Outbound::HttpBody(body) => http_body_request_len(body.len()) - body.len(),
+        }
+}
+
 /// Writes `item` in gRPC's framing at the end of `buf`; a body of [`COPY_BODY_BELOW`] or more
 /// bytes is not copied: only its message's head is written, and the body is returned, to be
 /// sent right after `buf`'s bytes.
@@ -117,18 +128,14 @@ fn frame_into(item: Outbound, buf: &mut BytesMut) -> Result<Option<Bytes>, Statu
     match item {
         Outbound::Frame(frame) => {
             let len = frame.encoded_len();
-            buf.reserve(GRPC_PREFIX_LEN + len);
             grpc_prefix(len, buf)?;
             frame.encode(buf).map_err(|e| Status::internal(e.to_string()))?;
             Ok(None)
         }
         Outbound::HttpBody(body) => {
-            let len = http_body_request_len(body.len());
-            let copied = body.len() < COPY_BODY_BELOW;
-            buf.reserve(GRPC_PREFIX_LEN + if copied { len } else { len - body.len() });
-            grpc_prefix(len, buf)?;
+            grpc_prefix(http_body_request_len(body.len()), buf)?;
             encode_http_body_head(body.len(), buf);
-            if copied {
+            if body.len() < COPY_BODY_BELOW {
                 buf.put_slice(&body);
                 return Ok(None);
             }
@@ -140,9 +147,11 @@ fn frame_into(item: Outbound, buf: &mut BytesMut) -> Result<Option<Bytes>, Statu
 /// The items that were ready together, as few chunks as possible (each becomes an HTTP/2 DATA
 /// frame, all written at once): small ones copied together, as tonic's encoder buffers them (a
 /// small response's head, body and trailer in one), a large body's bytes a chunk of their own.
+/// One allocation for all of them (growing the buffer item by item reallocated it up to four
+/// times per small response: 2.5 % of agentk's instructions per request, callgrind).
 fn chunks(items: Vec<Outbound>) -> Vec<Result<Bytes, Status>> {
     let mut out = Vec::new();
-    let mut buf = BytesMut::new();
+    let mut buf = BytesMut::with_capacity(items.iter().map(buffered_len).sum());
     for item in items {
         match frame_into(item, &mut buf) {
             Ok(None) => {}
@@ -265,9 +274,13 @@ mod tests {
             Outbound::HttpBody(large.clone()),
             Outbound::Frame(descriptor.clone()),
         ];
+        let buffered: usize = items.iter().map(buffered_len).sum();
         let sent: Vec<Bytes> = chunks(items).into_iter().map(Result::unwrap).collect();
         assert_eq!(sent.len(), 3);
         assert_eq!(sent[1].as_ptr(), large.as_ptr());
+        // The one allocation is exactly what is copied: the two copied chunks follow each other in it.
+        assert_eq!(sent[0].len() + sent[2].len(), buffered);
+        assert_eq!(sent[0].as_ptr().wrapping_add(sent[0].len()), sent[2].as_ptr());
         let expected = [
             as_tonic_writes(&descriptor),
             as_tonic_writes(&ConnectRequest::message(HttpFrame::body(Bytes::from_static(b"{}")).to_bytes())),
