@@ -79,12 +79,12 @@ impl Service<Request> for RequestScope {
                     Ok(response) => response,
                     Err(never) => match never {},
                 };
-                problem_for_bare_errors(response).await
+                let response = problem_for_bare_errors(response).await;
+                // Inside the span already: no clone of it and no second entry per request.
+                tracing::debug!(status = response.status().as_u16(), elapsed = ?started.elapsed(), "rest request");
+                response
             };
-            let mut response = REQUEST_ID.scope(text, served).instrument(span.clone()).await;
-            span.in_scope(
-                || tracing::debug!(status = response.status().as_u16(), elapsed = ?started.elapsed(), "rest request"),
-            );
+            let mut response = REQUEST_ID.scope(text, served).instrument(span).await;
             response.headers_mut().entry(REQUEST_ID_NAME).or_insert(id);
             Ok(response)
         })
