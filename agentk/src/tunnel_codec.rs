@@ -110,13 +110,18 @@ fn grpc_prefix(message_len: usize, buf: &mut BytesMut) -> Result<(), Status> {
     Ok(())
 }
 
+/// Whether a body goes into the buffer behind its message's head ([`COPY_BODY_BELOW`]).
+fn copied(body: &Bytes) -> bool {
+    body.len() < COPY_BODY_BELOW
+}
+
 /// What [`frame_into`] writes into its buffer for `item`: a frame, or a body message's head
 /// and, when it is copied, its body.
 fn buffered_len(item: &Outbound) -> usize {
     GRPC_PREFIX_LEN
         + match item {
             Outbound::Frame(frame) => frame.encoded_len(),
-            Outbound::HttpBody(body) if body.len() < COPY_BODY_BELOW => http_body_request_len(body.len()),
+            Outbound::HttpBody(body) if copied(body) => http_body_request_len(body.len()),
             Outbound::HttpBody(body) => http_body_request_len(body.len()) - body.len(),
         }
 }
@@ -135,7 +140,7 @@ fn frame_into(item: Outbound, buf: &mut BytesMut) -> Result<Option<Bytes>, Statu
         Outbound::HttpBody(body) => {
             grpc_prefix(http_body_request_len(body.len()), buf)?;
             encode_http_body_head(body.len(), buf);
-            if body.len() < COPY_BODY_BELOW {
+            if copied(&body) {
                 buf.put_slice(&body);
                 return Ok(None);
             }

@@ -146,7 +146,7 @@ impl KubernetesApi {
         http.set_connect_timeout(Some(timeouts.connect));
         http.set_nodelay(true);
         let connector = config.rustls_https_connector_with_connector(http)?;
-        let client = ApiServerConnections::new(connector, API_SERVER_READ_BUFFER);
+        let client = ApiServerConnections::new(connector, &config.cluster_url, API_SERVER_READ_BUFFER);
         // The API server's URL is joined to each request's path here (`ApiServerUrl`), not by
         // kube-rs's base URI layer, which parses its scheme and authority again per request.
         let service = ServiceBuilder::new()
