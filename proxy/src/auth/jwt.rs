@@ -75,7 +75,7 @@ pub struct JwtVerifier {
 /// expired entries go, and if none did, all of them.
 #[derive(Default)]
 struct VerifiedTokens {
-    valid_until: std::sync::Mutex<std::collections::HashMap<[u8; 32], u64>>,
+    valid_until: std::sync::Mutex<foldhash::HashMap<[u8; 32], u64>>,
 }
 
 /// Accepted tokens kept per verifier.

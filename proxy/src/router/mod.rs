@@ -70,7 +70,7 @@ const PEER_LOCATIONS_MAX: usize = 100_000;
 /// Locked only for a lookup or an update, never across an await.
 #[derive(Default)]
 struct PeerLocations {
-    entries: std::sync::Mutex<std::collections::HashMap<AgentId, Located>>,
+    entries: std::sync::Mutex<foldhash::HashMap<AgentId, Located>>,
 }
 
 /// When the registry was asked, and what it said.
@@ -103,7 +103,7 @@ struct Limits {
     per_agent: usize,
     /// Agent -> its semaphore. Locked only for a lookup, never across an await; entries of
     /// agents with nothing in flight are pruned when the map grows.
-    agents: std::sync::Mutex<std::collections::HashMap<AgentId, Arc<tokio::sync::Semaphore>>>,
+    agents: std::sync::Mutex<foldhash::HashMap<AgentId, Arc<tokio::sync::Semaphore>>>,
 }
 
 /// Pruning of idle per-agent entries starts above this many agents.

@@ -6,11 +6,11 @@
 //! skip a down peer without dialing it; one task per down peer probes it with backoff and marks
 //! it up again. Each change of state is logged once (and counted), never once per request.
 
-use std::collections::HashMap;
 use std::error::Error as _;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use foldhash::HashMap;
 use futures::StreamExt;
 use kas_proto::kas::kas_internal_client::KasInternalClient;
 use kas_proto::kas::{ConnectedAgentInfo, KasAddress};

@@ -8,10 +8,10 @@
 //! next one is tried) and dropped after [`IDLE_FORWARD_TIMEOUT`]; the gateway ends streams it
 //! has not been sent anything on for longer than that (`server::internal`).
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use foldhash::HashMap;
 use futures::FutureExt as _;
 use futures::StreamExt as _;
 use futures::stream::BoxStream;

@@ -15,11 +15,12 @@ pub mod forwards;
 mod io;
 mod tripwire;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
+use foldhash::HashMap;
 use kas_proto::{AgentId, ConnectionId};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;

@@ -8,12 +8,11 @@
 //! is routed, so a body over it gets 413 and no byte of it reaches agentk or the API server.
 //! The bytes of an upgraded connection (exec, attach, port-forward) are not a body: unlimited.
 
-use std::collections::HashMap;
-
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
+use foldhash::HashMap;
 use futures::StreamExt;
 use hyper_util::rt::TokioIo;
 use kas_proto::kubernetes_api::{HttpRequestHead, is_discovery_request, is_upgrade, strip_hop_by_hop, warning_header};
