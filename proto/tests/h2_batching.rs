@@ -150,3 +150,52 @@ async fn small_frames_of_many_streams_share_writes_and_reads() {
     connection.abort();
     answered.abort();
 }
+
+/// A large body already waiting in the socket (agentk sending a 200 MiB response faster than
+/// kas reads it) is read in reads that grow to 256 KiB: each read is a system call, and on a
+/// VM each one the sender has to wake the reader for costs more than the copy.
+#[tokio::test(flavor = "current_thread")]
+async fn a_waiting_bulk_body_is_read_in_large_reads() {
+    const TOTAL: usize = 8 << 20;
+    let (client_io, server_io) = tokio::io::duplex(2 << 20);
+    let (client_io, _, _) = counted(client_io);
+    let (server_io, _, server_reads) = counted(server_io);
+    let window = u32::try_from(TOTAL).unwrap();
+    let server = tokio::spawn(async move {
+        let mut connection = h2::server::Builder::new()
+            .initial_window_size(window)
+            .initial_connection_window_size(window)
+            .max_frame_size(kas_proto::flow::MAX_FRAME_SIZE)
+            .handshake::<_, Bytes>(server_io)
+            .await
+            .unwrap();
+        let (request, _respond) = connection.accept().await.unwrap().unwrap();
+        let reads_before = server_reads.load(Ordering::Relaxed);
+        let driven = tokio::spawn(async move { while connection.accept().await.is_some() {} });
+        let mut body = request.into_body();
+        let mut received = 0;
+        while let Some(data) = body.data().await {
+            let data = data.unwrap();
+            body.flow_control().release_capacity(data.len()).unwrap();
+            received += data.len();
+        }
+        driven.abort();
+        (received, server_reads.load(Ordering::Relaxed) - reads_before)
+    });
+    let (client, connection) = h2::client::handshake(client_io).await.unwrap();
+    let connection = tokio::spawn(connection);
+    let mut client = client.ready().await.unwrap();
+    let request = http::Request::post("http://kas/bulk").body(()).unwrap();
+    let (_response, mut send) = client.send_request(request, false).unwrap();
+    for _ in 0..TOTAL / kas_proto::flow::MAX_CHUNK {
+        send.send_data(Bytes::from(vec![b'b'; kas_proto::flow::MAX_CHUNK]), false).unwrap();
+    }
+    send.send_data(Bytes::new(), true).unwrap();
+    let (received, reads) = server.await.unwrap();
+    eprintln!("{TOTAL} bytes in {reads} reads");
+    assert_eq!(received, TOTAL);
+    // 25 reads here; with reads of at most 64 KiB (the patch before) 97.
+    assert!(reads <= 48, "{reads} reads for {TOTAL} bytes");
+    drop(client);
+    connection.abort();
+}
