@@ -48,10 +48,8 @@ struct ReadRoom {
     used: usize,
 }
 
-/// kas patch: the most room a read gets. A large body waiting in the socket is read in a
-/// quarter of the system calls 64 KiB reads took (issue 14: each one the sender has to wake
-/// the reader for costs more than its copy on a VM).
-const MAX_READ_ROOM: usize = 256 * 1_024;
+/// kas patch: the most room a read gets (hyper's HTTP/1 read buffer's maximum size class).
+const MAX_READ_ROOM: usize = 64 * 1_024;
 
 impl ReadRoom {
     fn new(initial: usize) -> Self {
