@@ -220,6 +220,52 @@ async fn refresh(report: &mut String) {
     let _ = writeln!(report);
 }
 
+/// A run stopped by a signal (Ctrl-C, `kill`) stops the processes it started first: kas, agentk,
+/// Redis, the peers and the upstream are its children and, left running, would take CPU from
+/// the next run's figures (issue 14's twenty-third part measured beside 60 of them).
+async fn stop_processes_on_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut terminate), Ok(mut interrupt)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+    else {
+        return;
+    };
+    tokio::select! {
+        _ = terminate.recv() => {}
+        _ = interrupt.recv() => {}
+    }
+    let descendants = descendants(std::process::id());
+    if !descendants.is_empty() {
+        let _ = std::process::Command::new("kill").arg("-TERM").args(descendants.iter().map(u32::to_string)).status();
+    }
+    std::process::exit(130);
+}
+
+/// Every process below `root` (children, their children, ...), from /proc.
+fn descendants(root: u32) -> Vec<u32> {
+    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            // "pid (comm) state ppid ...": the command may hold spaces and parentheses.
+            let (_, rest) = stat.rsplit_once(')')?;
+            let ppid = rest.split_whitespace().nth(1)?.parse::<u32>().ok()?;
+            Some((pid, ppid))
+        })
+        .collect();
+    let mut found = vec![root];
+    let mut next = 0;
+    while next < found.len() {
+        let parent = found[next];
+        found.extend(parents.iter().filter(|(_, ppid)| *ppid == parent).map(|(pid, _)| *pid));
+        next += 1;
+    }
+    found.remove(0);
+    found
+}
+
 #[tokio::main]
 async fn main() {
     let a = match args() {
@@ -240,6 +286,7 @@ async fn main() {
         }
         return;
     }
+    tokio::spawn(stop_processes_on_signal());
     // The workspace this program was built from, wherever it runs from; "-dirty" when the
     // work tree had changes (the figures are then not of that commit).
     let commit = std::process::Command::new("git")
