@@ -229,41 +229,16 @@ async fn stop_processes_on_signal() {
     else {
         return;
     };
-    tokio::select! {
-        _ = terminate.recv() => {}
-        _ = interrupt.recv() => {}
-    }
-    let descendants = descendants(std::process::id());
+    // Exit as the signal's default action would report it: 128 + its number.
+    let code = tokio::select! {
+        _ = terminate.recv() => 128 + 15,
+        _ = interrupt.recv() => 128 + 2,
+    };
+    let descendants = proxy::descendants(std::process::id());
     if !descendants.is_empty() {
         let _ = std::process::Command::new("kill").arg("-TERM").args(descendants.iter().map(u32::to_string)).status();
     }
-    std::process::exit(130);
-}
-
-/// Every process below `root` (children, their children, ...), from /proc.
-fn descendants(root: u32) -> Vec<u32> {
-    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|entry| {
-            let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
-            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
-            // "pid (comm) state ppid ...": the command may hold spaces and parentheses.
-            let (_, rest) = stat.rsplit_once(')')?;
-            let ppid = rest.split_whitespace().nth(1)?.parse::<u32>().ok()?;
-            Some((pid, ppid))
-        })
-        .collect();
-    let mut found = vec![root];
-    let mut next = 0;
-    while next < found.len() {
-        let parent = found[next];
-        found.extend(parents.iter().filter(|(_, ppid)| *ppid == parent).map(|(pid, _)| *pid));
-        next += 1;
-    }
-    found.remove(0);
-    found
+    std::process::exit(code);
 }
 
 #[tokio::main]

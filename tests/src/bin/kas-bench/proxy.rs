@@ -91,15 +91,23 @@ impl ProcRef {
             .map_or(0.0, |kb| kb / 1024.0)
     }
 
+    /// The fields of /proc/<pid>/stat after the command name (which may hold spaces and
+    /// parentheses): state is the first, the parent's pid the second, utime the 12th, stime the
+    /// 13th. Empty once the process is gone.
+    fn stat_fields(self) -> Vec<String> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).unwrap_or_default();
+        stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace().map(str::to_owned).collect()).unwrap_or_default()
+    }
+
     /// utime + stime, in clock ticks.
     fn cpu_ticks(self) -> u64 {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).unwrap_or_default();
-        // Fields after the command name (which may hold spaces): state is the first, utime the
-        // 12th, stime the 13th.
-        let Some((_, rest)) = stat.rsplit_once(')') else { return 0 };
-        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let fields = self.stat_fields();
         let field = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
         field(11) + field(12)
+    }
+
+    fn parent(self) -> Option<u32> {
+        self.stat_fields().get(1)?.parse().ok()
     }
 
     /// Time its threads spent runnable but not running, waiting for a CPU (the second field of
@@ -112,6 +120,28 @@ impl ProcRef {
             .filter_map(|stat| stat.split_whitespace().nth(1)?.parse::<u64>().ok())
             .sum()
     }
+}
+
+/// Every process below `root` (children, their children, ...), from /proc.
+pub(crate) fn descendants(root: u32) -> Vec<u32> {
+    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
+            Some((pid, ProcRef { pid }.parent()?))
+        })
+        .collect();
+    let mut found = vec![root];
+    let mut next = 0;
+    while next < found.len() {
+        let parent = found[next];
+        found.extend(parents.iter().filter(|(_, ppid)| *ppid == parent).map(|(pid, _)| *pid));
+        next += 1;
+    }
+    found.remove(0);
+    found
 }
 
 /// The machine's CPU time so far from /proc/stat, in ticks: (all, idle + iowait). All is the first
