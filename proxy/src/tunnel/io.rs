@@ -207,7 +207,7 @@ pub(super) struct Reuse {
     pub registry: super::TunnelRegistry,
     pub agent_id: kas_proto::AgentId,
     pub connection_id: kas_proto::ConnectionId,
-    pub methods: Vec<String>,
+    pub methods: Arc<[String]>,
     pub to_agent: ToAgent,
     pub response_credit: bool,
     /// The tunnel's id in the registry, the same for every exchange it carries.

@@ -45,7 +45,9 @@ pub struct TunnelQuery {
 pub struct IdleTunnel {
     pub agent_id: AgentId,
     pub connection_id: ConnectionId,
-    pub methods: Vec<String>,
+    /// Shared with the tunnel's reuse record: re-registering after each exchange copies no
+    /// strings.
+    pub methods: Arc<[String]>,
     pub io: TunnelIo,
     id: u64,
     /// Registered at (idle since).
@@ -202,7 +204,8 @@ impl TunnelRegistry {
         closed: ClosedSignal,
         reusable: bool,
     ) {
-        self.add(agent_id, connection_id, methods, io, closed, if reusable { Added::Reusable } else { Added::Once });
+        let added = if reusable { Added::Reusable } else { Added::Once };
+        self.add(agent_id, connection_id, methods.into(), io, closed, added);
     }
 
     /// A reused tunnel back from an exchange: kept only while its connection is still held here
@@ -212,7 +215,7 @@ impl TunnelRegistry {
         &self,
         agent_id: AgentId,
         connection_id: ConnectionId,
-        methods: Vec<String>,
+        methods: Arc<[String]>,
         io: TunnelIo,
         to_agent: ToAgent,
         id: u64,
@@ -235,7 +238,7 @@ impl TunnelRegistry {
         io: &TunnelIo,
         agent_id: AgentId,
         connection_id: ConnectionId,
-        methods: &[String],
+        methods: &Arc<[String]>,
         to_agent: ToAgent,
         id: u64,
     ) {
@@ -243,7 +246,7 @@ impl TunnelRegistry {
             registry: self.clone(),
             agent_id,
             connection_id,
-            methods: methods.to_vec(),
+            methods: methods.clone(),
             to_agent,
             response_credit: false,
             id,
@@ -255,7 +258,7 @@ impl TunnelRegistry {
         &self,
         agent_id: AgentId,
         connection_id: ConnectionId,
-        methods: Vec<String>,
+        methods: Arc<[String]>,
         io: TunnelIo,
         closed: ClosedSignal,
         added: Added,
@@ -432,12 +435,12 @@ mod tests {
         let (agent, connection) = (AgentId(1), ConnectionId(7));
         assert!(registry.connection_up(agent, connection).await.unwrap());
         let (io, closed, _kept) = tunnel();
-        registry.register_again(agent, connection, vec!["m".into()], io, closed.to_agent, 1);
+        registry.register_again(agent, connection, vec!["m".to_owned()].into(), io, closed.to_agent, 1);
         assert_eq!(registry.stats().await.unwrap().idle_tunnels, 1);
         registry.connection_down(agent, connection);
         assert_eq!(registry.stats().await.unwrap().idle_tunnels, 0, "the connection's idle tunnels end with it");
         let (io, closed, mut dropped) = tunnel();
-        registry.register_again(agent, connection, vec!["m".into()], io, closed.to_agent, 2);
+        registry.register_again(agent, connection, vec!["m".to_owned()].into(), io, closed.to_agent, 2);
         assert_eq!(registry.stats().await.unwrap().idle_tunnels, 0);
         // Dropped, so the stream to agentk ends.
         assert!(dropped.recv().await.is_none());
